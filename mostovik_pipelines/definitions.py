@@ -1,0 +1,50 @@
+"""The Mostovik code location: every source's definitions and the resources they run with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import Definitions, FilesystemIOManager
+
+from mostovik_pipelines.etl.factory import (
+    LANDING_KEY,
+    WAREHOUSE_KEY,
+    build_source_definitions,
+    source_resource_key,
+)
+from mostovik_pipelines.etl.spec import SourceSpec
+from mostovik_pipelines.execution import executor_from_environment
+from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
+from mostovik_pipelines.settings import data_dir, database_url_setting, setting
+from mostovik_pipelines.sources import ALL_SOURCES
+
+
+def default_resources(sources: Sequence[SourceSpec] = ALL_SOURCES) -> dict[str, Any]:
+    """Resources as configured by the environment (see ``settings``)."""
+    return {
+        WAREHOUSE_KEY: WarehouseResource(database_url=database_url_setting()),
+        LANDING_KEY: LandingStoreResource(
+            base_dir=setting("MOSTOVIK_LANDING_DIR", str(data_dir() / "landing"))
+        ),
+        "io_manager": FilesystemIOManager(
+            base_dir=setting("MOSTOVIK_STORAGE_DIR", str(data_dir() / "storage"))
+        ),
+        **{source_resource_key(spec): spec.resource for spec in sources},
+    }
+
+
+def build_code_location(
+    sources: Sequence[SourceSpec] = ALL_SOURCES, resources: Mapping[str, Any] | None = None
+) -> Definitions:
+    """The code location; ``resources`` replaces defaults by key (tests, tools)."""
+    return Definitions.merge(
+        *(build_source_definitions(spec) for spec in sources),
+        Definitions(
+            resources={**default_resources(sources), **(resources or {})},
+            executor=executor_from_environment(),
+        ),
+    )
+
+
+defs = build_code_location()

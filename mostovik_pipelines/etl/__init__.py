@@ -1,0 +1,1 @@
+"""The machinery every source shares; it knows no particular source."""

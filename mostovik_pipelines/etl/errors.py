@@ -1,0 +1,199 @@
+"""The error taxonomy: which failures can pass (transient) and which cannot (permanent).
+
+ADR-011 allows retries only for failures that can pass by themselves. Every op of every source
+routes its exceptions through :func:`classify`; nothing else in the project decides whether a
+failure is retried.
+
+Unknown exceptions are classified as **permanent**. A retry of an unexplained failure hides
+programming errors behind backoff delays and, for a contract change, hammers the source for
+nothing; the failed run is visible at once and one click (or ``mostovik jobs rerun``) re-runs
+it safely because every load is idempotent. A new transient family is added here, once.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from dataclasses import dataclass
+
+import httpx
+import sqlalchemy.exc
+
+# SQLSTATEs that are worth another attempt of the whole load transaction.
+TRANSIENT_SQLSTATES = {
+    "40001": "serialization failure",
+    "40P01": "deadlock detected",
+    "53300": "too many connections",
+    "57P01": "admin shutdown",
+    "57P02": "crash shutdown",
+    "57P03": "cannot connect now",
+    "55P03": "lock not available",
+}
+TRANSIENT_SQLSTATE_CLASSES = {"08": "connection exception"}
+
+TRANSIENT_ERRNOS = {
+    errno.EAGAIN: "resource temporarily unavailable",
+    errno.EBUSY: "device or resource busy",
+    errno.ETIMEDOUT: "timed out",
+    errno.ECONNREFUSED: "connection refused",
+    errno.ECONNRESET: "connection reset",
+    errno.ECONNABORTED: "connection aborted",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.ENETUNREACH: "network unreachable",
+    errno.EINTR: "interrupted system call",
+    errno.ESTALE: "stale file handle",
+}
+
+# Exception modules of the Celery broker stack, matched by name so that the classifier does not
+# import the broker client in processes that never use it.
+TRANSIENT_BROKER_ERRORS = {
+    ("kombu.exceptions", "OperationalError"),
+    ("redis.exceptions", "ConnectionError"),
+    ("redis.exceptions", "TimeoutError"),
+    ("amqp.exceptions", "ConnectionForced"),
+}
+
+
+class PipelineError(Exception):
+    """An error the project raises on purpose, already knowing whether it can pass."""
+
+    transient: bool = False
+    kind: str = "error"
+
+
+class TransientError(PipelineError):
+    """A failure that can pass by itself: retried with backoff."""
+
+    transient = True
+    kind = "transient"
+
+
+class PermanentError(PipelineError):
+    """A failure that another attempt would only repeat: fails the run at once."""
+
+    kind = "permanent"
+
+
+class SourceUnavailable(TransientError):
+    """The source answered 5xx or 429, or did not answer in time."""
+
+    kind = "source_unavailable"
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class SourceRateLimited(SourceUnavailable):
+    """HTTP 429: the source asks us to slow down, often with Retry-After."""
+
+    kind = "rate_limited"
+
+
+class SourceRequestRejected(PermanentError):
+    """HTTP 4xx other than 429: our request is wrong or not allowed."""
+
+    kind = "request_rejected"
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SourceContractError(PermanentError):
+    """The payload does not parse or does not have the shape the source promised."""
+
+    kind = "contract_violation"
+
+
+class DataValidationError(PermanentError):
+    """The payload parsed but its data breaks an invariant (duplicate keys, bad values)."""
+
+    kind = "validation_error"
+
+
+class ConfigurationError(PermanentError):
+    """Missing or invalid configuration: an environment variable, a URL, a resource."""
+
+    kind = "configuration_error"
+
+
+class ConcurrentRunError(TransientError):
+    """Another run holds the same source and partition; it can pass when that run ends."""
+
+    kind = "concurrent_run"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`classify` decided about one exception."""
+
+    transient: bool
+    kind: str
+    reason: str
+    retry_after: float | None = None
+
+    @property
+    def label(self) -> str:
+        return "transient" if self.transient else "permanent"
+
+
+def classify(exc: BaseException) -> Verdict:
+    """Decide whether ``exc`` can pass by itself, and why."""
+    reason = _describe(exc)
+    if isinstance(exc, PipelineError):
+        return Verdict(exc.transient, exc.kind, reason, getattr(exc, "retry_after", None))
+    if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+        return Verdict(False, "configuration_error", reason)
+    if isinstance(exc, httpx.TimeoutException):
+        return Verdict(True, "timeout", reason)
+    if isinstance(exc, httpx.TransportError):
+        return Verdict(True, "network", reason)
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        return _classify_database_error(exc, reason)
+    if isinstance(exc, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError):
+        return Verdict(False, "configuration_error", reason)
+    if isinstance(exc, sqlite3.OperationalError) and _sqlite_is_busy(exc):
+        return Verdict(True, "database_busy", reason)
+    if (type(exc).__module__, type(exc).__name__) in TRANSIENT_BROKER_ERRORS:
+        return Verdict(True, "broker", reason)
+    if isinstance(exc, TimeoutError):
+        return Verdict(True, "timeout", reason)
+    if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
+        return Verdict(True, "os_transient", f"{TRANSIENT_ERRNOS[exc.errno]}: {reason}")
+    if isinstance(exc, ConnectionError):
+        return Verdict(True, "network", reason)
+    return Verdict(False, "unknown", reason)
+
+
+def _classify_database_error(exc: sqlalchemy.exc.DBAPIError, reason: str) -> Verdict:
+    if exc.connection_invalidated:
+        return Verdict(True, "database_connection_lost", reason)
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if sqlstate in TRANSIENT_SQLSTATES:
+        return Verdict(True, "database_transient", f"{TRANSIENT_SQLSTATES[sqlstate]}: {reason}")
+    if sqlstate and sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES:
+        return Verdict(True, "database_connection_lost", reason)
+    if isinstance(orig, sqlite3.OperationalError) and _sqlite_is_busy(orig):
+        return Verdict(True, "database_busy", reason)
+    if sqlstate is None and isinstance(exc, sqlalchemy.exc.OperationalError) and not isinstance(
+        orig, sqlite3.Error
+    ):
+        # psycopg raises OperationalError without a SQLSTATE when the connection itself broke.
+        return Verdict(True, "database_connection_lost", reason)
+    if isinstance(exc, sqlalchemy.exc.IntegrityError):
+        return Verdict(False, "integrity_violation", reason)
+    return Verdict(False, "database_error", reason)
+
+
+def _sqlite_is_busy(exc: sqlite3.Error) -> bool:
+    message = str(exc).lower()
+    return "database is locked" in message or "database is busy" in message
+
+
+def _describe(exc: BaseException) -> str:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

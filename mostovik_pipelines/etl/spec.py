@@ -1,0 +1,114 @@
+"""A source's declaration: what it is, where its data goes, and its two plain functions.
+
+A source module builds one :class:`SourceSpec` and nothing else; :mod:`.factory` turns it into
+Dagster definitions. Sources never import Dagster's op or asset machinery.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+from dagster import ConfigurableResource, PartitionsDefinition
+from sqlalchemy import Table
+
+from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
+from mostovik_pipelines.etl.retries import RetryPolicy
+
+
+class JobType(enum.StrEnum):
+    """The three kinds of background job of ADR-016."""
+
+    PARSER = "parser"
+    SYNC = "sync"
+    FILE = "file"
+
+
+class PartitionNotAvailable(Exception):
+    """Raised by a transform when the source has not published the partition yet.
+
+    Not a failure: nothing is loaded, the partition stays unmaterialised and a later run picks it
+    up. The message says why the partition is not available."""
+
+
+@dataclass(frozen=True)
+class ExtractRequest:
+    """What a source's extract function gets: the partition and the source's I/O resource."""
+
+    source: str
+    partition_key: str
+    resource: Any
+
+
+@dataclass(frozen=True)
+class RawPayload:
+    """Bytes exactly as the source sent them, and a description of where they came from."""
+
+    content: bytes
+    content_type: str = "application/octet-stream"
+    origin: str = ""
+    """Where the bytes came from (URL without credentials, file name), for the landing record."""
+
+
+@dataclass(frozen=True)
+class TransformRequest:
+    """What a source's transform function gets: the landed bytes and their fetch context."""
+
+    source: str
+    partition_key: str
+    content: bytes
+    content_type: str
+    fetched_at: datetime
+
+
+@dataclass(frozen=True)
+class SourceSchedule:
+    """When to refresh the newest partitions, and how many of them each tick asks for."""
+
+    cron: str
+    timezone: str
+    latest_partitions: int = 1
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Everything the framework needs to know to extract, transform and load one source."""
+
+    name: str
+    job_type: JobType
+    description: str
+    partitions_def: PartitionsDefinition
+    table: Table
+    natural_key: Sequence[str]
+    partition_column: str
+    load_mode: LoadMode
+    extract: Callable[[ExtractRequest], RawPayload]
+    transform: Callable[[TransformRequest], pd.DataFrame]
+    resource: ConfigurableResource
+    """The source's I/O (HTTP client, inbox, ...); the extract function receives it."""
+    schedule: SourceSchedule | None = None
+    version_column: str | None = None
+    extract_retry: RetryPolicy = field(default_factory=RetryPolicy)
+    load_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=3))
+    max_runtime_seconds: int = 15 * 60
+    """A run taking longer is hung: run monitoring fails it and ``jobs list --stuck`` shows it."""
+
+    @property
+    def load_target(self) -> LoadTarget:
+        return LoadTarget(
+            table=self.table, natural_key=tuple(self.natural_key),
+            partition_column=self.partition_column, mode=self.load_mode,
+            version_column=self.version_column,
+        )
+
+    def __post_init__(self) -> None:
+        columns = set(self.table.columns.keys())
+        missing = [c for c in (*self.natural_key, self.partition_column) if c not in columns]
+        if missing:
+            raise ValueError(f"source {self.name}: columns {missing} are not in {self.table.name}")
+        if self.load_mode is LoadMode.MERGE_BY_VERSION and self.version_column not in columns:
+            raise ValueError(f"source {self.name}: merge-by-version needs a version column")

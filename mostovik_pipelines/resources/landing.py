@@ -1,0 +1,100 @@
+"""The landing store: raw payloads exactly as received, so a partition can be re-transformed
+without calling the source again.
+
+Layout under ``base_dir``::
+
+    <source>/<partition>/blobs/<sha256>.bin          content, stored once per distinct hash
+    <source>/<partition>/fetches/<fetched_at>-<hash12>.json   one record per fetch
+
+Writes are atomic (temporary file, then rename), so a process killed mid-write leaves no torn
+file behind. In a distributed deployment ``base_dir`` is a path every worker can reach.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import quote
+
+from dagster import ConfigurableResource
+
+from mostovik_pipelines.etl.errors import PermanentError
+
+
+@dataclass(frozen=True)
+class LandedPayload:
+    """A reference to one landed fetch: small enough to pass between ops."""
+
+    source: str
+    partition_key: str
+    content_hash: str
+    content_type: str
+    fetched_at: datetime
+    size_bytes: int
+    origin: str
+    blob_path: str
+
+
+class LandingStoreResource(ConfigurableResource):
+    """Filesystem landing store rooted at ``base_dir``."""
+
+    base_dir: str
+
+    def land(
+        self, source: str, partition_key: str, content: bytes, *, content_type: str,
+        origin: str, fetched_at: datetime,
+    ) -> LandedPayload:
+        """Keep ``content`` and record the fetch; identical content is stored once."""
+        content_hash = hashlib.sha256(content).hexdigest()
+        folder = self._partition_dir(source, partition_key)
+        blob = folder / "blobs" / f"{content_hash}.bin"
+        if not blob.exists():
+            _write_atomically(blob, content)
+        payload = LandedPayload(
+            source=source, partition_key=partition_key, content_hash=content_hash,
+            content_type=content_type, fetched_at=fetched_at, size_bytes=len(content),
+            origin=origin, blob_path=str(blob),
+        )
+        record = folder / "fetches" / f"{fetched_at:%Y%m%dT%H%M%S%fZ}-{content_hash[:12]}.json"
+        _write_atomically(record, json.dumps(asdict(payload), default=str, indent=1).encode())
+        return payload
+
+    def read(self, payload: LandedPayload) -> bytes:
+        """The landed bytes, checked against their hash."""
+        content = Path(payload.blob_path).read_bytes()
+        if hashlib.sha256(content).hexdigest() != payload.content_hash:
+            raise PermanentError(
+                f"landed payload {payload.blob_path} does not match its hash {payload.content_hash}"
+            )
+        return content
+
+    def latest(self, source: str, partition_key: str) -> LandedPayload | None:
+        """The most recent fetch landed for the partition, if any."""
+        fetches = sorted((self._partition_dir(source, partition_key) / "fetches").glob("*.json"))
+        if not fetches:
+            return None
+        record = json.loads(fetches[-1].read_text())
+        record["fetched_at"] = datetime.fromisoformat(record["fetched_at"])
+        return LandedPayload(**record)
+
+    def _partition_dir(self, source: str, partition_key: str) -> Path:
+        return Path(self.base_dir) / quote(source, safe="") / quote(partition_key, safe="")
+
+
+def _write_atomically(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,43 @@
+"""Where the project keeps its local state, and how the environment chooses local or production.
+
+Every setting comes from an environment variable with a local default; secrets (database URLs
+with passwords, API tokens) are passed to resources as ``dagster.EnvVar`` so that they never
+appear in run config, the UI or the event log.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dagster import EnvVar
+
+DATA_DIR_ENV = "MOSTOVIK_DATA_DIR"
+DATABASE_URL_ENV = "MOSTOVIK_DATABASE_URL"
+EXECUTOR_ENV = "MOSTOVIK_EXECUTOR"
+
+
+def data_dir() -> Path:
+    """The base directory of local state: SQLite warehouse, landing store, demo instance."""
+    return Path(os.environ.get(DATA_DIR_ENV, ".mostovik")).resolve()
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{data_dir() / 'warehouse.sqlite'}"
+
+
+def database_url_setting() -> str | EnvVar:
+    """The warehouse URL: ``EnvVar`` when configured (it may hold a password), else local SQLite."""
+    if os.environ.get(DATABASE_URL_ENV):
+        return EnvVar(DATABASE_URL_ENV)
+    return default_database_url()
+
+
+def resolved_database_url() -> str:
+    """The warehouse URL itself, for code that runs outside Dagster (CLI, migrations)."""
+    return os.environ.get(DATABASE_URL_ENV) or default_database_url()
+
+
+def setting(name: str, default: str) -> str:
+    """A non-secret setting read when the code location loads."""
+    return os.environ.get(name) or default

@@ -1,0 +1,5 @@
+"""The local stand-in for external sources, used by ``make demo``, ``make dev`` and the tests."""
+
+from mostovik_pipelines.standin.server import StandinClient, StandinServer
+
+__all__ = ["StandinClient", "StandinServer"]

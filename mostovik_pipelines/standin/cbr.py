@@ -1,0 +1,115 @@
+"""The CBR ``XML_daily.asp`` stand-in: deterministic rates per date, in the CBR's own format.
+
+Like the real service it answers a date with the rates effective on it: rates are set for Tuesday
+to Saturday (the day after each working day); Sunday and Monday carry Saturday's. Tomorrow's
+rates are published at 15:30 Moscow time; asked for a later date, it answers with the latest
+rates it has. Tests can move the publication boundary and change or remove rates of a date.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+from mostovik_pipelines.standin.reply import Reply
+
+MOSCOW = ZoneInfo("Europe/Moscow")
+PUBLICATION_TIME = time(15, 30)
+VUNITRATE_SINCE = date(2022, 1, 1)
+
+# (CBR id, numeric code, letter code, nominal, name, base rate per nominal)
+CURRENCIES = (
+    ("R01010", "036", "AUD", 1, "Австралийский доллар", "60.3"),
+    ("R01035", "826", "GBP", 1, "Фунт стерлингов Соединенного королевства", "117.4"),
+    ("R01235", "840", "USD", 1, "Доллар США", "92.5"),
+    ("R01239", "978", "EUR", 1, "Евро", "100.1"),
+    ("R01270", "356", "INR", 100, "Индийских рупий", "109.2"),
+    ("R01335", "398", "KZT", 100, "Казахстанских тенге", "18.3"),
+    ("R01375", "156", "CNY", 1, "Китайский юань", "12.7"),
+    ("R01700J", "949", "TRY", 10, "Турецких лир", "27.1"),
+    ("R01717", "860", "UZS", 10000, "Узбекских сумов", "73.9"),
+    ("R01775", "756", "CHF", 1, "Швейцарский франк", "104.2"),
+    ("R01815", "410", "KRW", 1000, "Вон Республики Корея", "66.5"),
+    ("R01820", "392", "JPY", 100, "Японских иен", "61.2"),
+)
+
+
+def effective_date(asked: date, published_until: date) -> date:
+    """The date whose rates answer a request for ``asked``."""
+    day = min(asked, published_until)
+    while day.weekday() in (6, 0):  # Sunday and Monday carry Saturday's rates
+        day -= timedelta(days=1)
+    return day
+
+
+def default_published_until(now: datetime | None = None) -> date:
+    moscow_now = (now or datetime.now(MOSCOW)).astimezone(MOSCOW)
+    today = moscow_now.date()
+    return today + timedelta(days=1) if moscow_now.time() >= PUBLICATION_TIME else today
+
+
+def _comma(amount: Decimal) -> str:
+    return format(amount, "f").replace(".", ",")
+
+
+class CbrStandin:
+    """Rates per effective date, with test-controlled changes and publication boundary."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changes: dict[date, tuple[dict[str, str], set[str]]] = {}
+        self._published_until: date | None = None
+
+    def set_published_until(self, day: str | None) -> None:
+        with self._lock:
+            self._published_until = date.fromisoformat(day) if day else None
+
+    def change(self, day: str, set_values: dict[str, str], remove: list[str]) -> None:
+        """Revise the rates effective on ``day``: new values (``"95,1234"``), removed codes."""
+        with self._lock:
+            values, removed = self._changes.setdefault(date.fromisoformat(day), ({}, set()))
+            values.update(set_values)
+            removed.update(remove)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._changes.clear()
+            self._published_until = None
+
+    def document(self, asked: date) -> bytes:
+        with self._lock:
+            published_until = self._published_until or default_published_until()
+            day = effective_date(asked, published_until)
+            values, removed = self._changes.get(day, ({}, set()))
+            values, removed = dict(values), set(removed)
+        lines = [
+            '<?xml version="1.0" encoding="windows-1251"?>',
+            f'<ValCurs Date="{day:%d.%m.%Y}" name="Foreign Currency Market">',
+        ]
+        for position, (cbr_id, num, code, nominal, name, base) in enumerate(CURRENCIES):
+            if code in removed:
+                continue
+            wave = Decimal(str(round(1 + 0.05 * math.sin(day.toordinal() / 7 + position), 6)))
+            value = values.get(code) or _comma((Decimal(base) * wave).quantize(Decimal("0.0001")))
+            lines.append(f'<Valute ID="{cbr_id}"><NumCode>{num}</NumCode>'
+                         f"<CharCode>{code}</CharCode><Nominal>{nominal}</Nominal>"
+                         f"<Name>{name}</Name><Value>{value}</Value>")
+            if day >= VUNITRATE_SINCE:
+                unit = Decimal(value.replace(",", ".")) / nominal
+                lines.append(f"<VunitRate>{_comma(unit.normalize())}</VunitRate>")
+            lines.append("</Valute>")
+        lines.append("</ValCurs>")
+        return "".join(lines).encode("windows-1251")
+
+    def reply(self, query: dict[str, list[str]]) -> Reply:
+        asked_text = (query.get("date_req") or [""])[0]
+        try:
+            asked = datetime.strptime(asked_text, "%d/%m/%Y").date()
+        except ValueError:
+            # The real service ignores a bad date and answers with today's rates; we are stricter
+            # so that a request bug shows up in tests.
+            return Reply(400, b"date_req must be DD/MM/YYYY", "text/plain")
+        return Reply(200, self.document(asked), "application/xml; charset=windows-1251")

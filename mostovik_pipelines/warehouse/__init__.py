@@ -1,0 +1,1 @@
+"""Warehouse tables, their column types, and the migrations that create them."""

@@ -1,0 +1,115 @@
+"""Shared fixtures: a real PostgreSQL server, the stand-in sources, and the code location wired
+to both. Every test gets a database of its own, cloned from a migrated template."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import DagsterInstance, FilesystemIOManager
+
+from mostovik_pipelines.definitions import build_code_location
+from mostovik_pipelines.etl.retries import RetryPolicy
+from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
+from mostovik_pipelines.sources import cbr_daily_rates
+from mostovik_pipelines.standin import StandinClient, StandinServer
+from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+
+TEMPLATE_DB = "mostovik_template"
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[ThrowawayPostgres]:
+    server = ThrowawayPostgres().start()
+    try:
+        with psycopg.connect(server.dsn(), autocommit=True) as connection:
+            connection.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+        migrate.upgrade(server.url(TEMPLATE_DB))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_warehouse_url(postgres: ThrowawayPostgres) -> Iterator[str]:
+    name = f"wh_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+    yield postgres.url(name)
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def sqlite_warehouse_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'warehouse.sqlite'}"
+    migrate.upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def warehouse_url(request: pytest.FixtureRequest) -> str:
+    """Both warehouse backends."""
+    fixture = "pg_warehouse_url" if request.param == "postgresql" else "sqlite_warehouse_url"
+    return request.getfixturevalue(fixture)
+
+
+@pytest.fixture(scope="session")
+def standin_server() -> Iterator[StandinServer]:
+    server = StandinServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def standin(standin_server: StandinServer) -> Iterator[StandinClient]:
+    """The stand-in, with no faults, no changes and no remembered requests."""
+    client = StandinClient(standin_server.url)
+    client.clear_faults()
+    client.reset_cbr_rates()
+    client.forget_requests()
+    yield client
+    client.clear_faults()
+    client.reset_cbr_rates()
+
+
+@pytest.fixture
+def cbr_source():
+    """The CBR source with short retry delays, so retry tests take seconds, not minutes."""
+    return dataclasses.replace(cbr_daily_rates.SOURCE, extract_retry=FAST_RETRY,
+                               load_retry=FAST_RETRY)
+
+
+def code_location_for(warehouse_url: str, standin_server: StandinServer, work_dir: Path,
+                      sources, **resources):
+    return build_code_location(
+        sources=sources,
+        resources={
+            "warehouse": WarehouseResource(database_url=warehouse_url),
+            "landing": LandingStoreResource(base_dir=str(work_dir / "landing")),
+            "io_manager": FilesystemIOManager(base_dir=str(work_dir / "storage")),
+            "cbr_daily_rates_source": HttpSourceResource(
+                base_url=standin_server.cbr_url, timeout_seconds=2.0
+            ),
+            **resources,
+        },
+    )
+
+
+@pytest.fixture
+def cbr_job(warehouse_url, standin_server, standin, tmp_path, cbr_source):
+    """The CBR job wired to the warehouse under test and the stand-in."""
+    location = code_location_for(warehouse_url, standin_server, tmp_path, [cbr_source])
+    return location.resolve_job_def("cbr_daily_rates_job")
+
+
+@pytest.fixture
+def instance() -> Iterator[DagsterInstance]:
+    with DagsterInstance.ephemeral() as ephemeral:
+        yield ephemeral

@@ -1,0 +1,94 @@
+"""A throw-away PostgreSQL server on 127.0.0.1 for the tests.
+
+``initdb`` refuses to run as root, so under root the cluster belongs to a dedicated system user
+(created if missing) and every server command runs as that user. The cluster lives in a temp
+dir and is deleted when the server stops. Durability settings are off: it is a test server.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+SERVER_USER = "mostovik-pg"
+SUPERUSER = "mostovik"
+
+
+def _binary(name: str) -> str:
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    found = candidates[0] if candidates else shutil.which(name)
+    if not found:
+        raise RuntimeError(f"PostgreSQL binary {name} not found (install postgresql-15)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ThrowawayPostgres:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.password = secrets.token_urlsafe(16)
+        self.root = Path(tempfile.mkdtemp(prefix="mostovik-pg-"))
+        self.data = self.root / "data"
+        self.socket_dir = self.root / "socket"
+        self._as_root = os.geteuid() == 0
+
+    def _run(self, *args: str) -> None:
+        command = list(args)
+        if self._as_root:
+            command = ["runuser", "-u", SERVER_USER, "--", *command]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+
+    def start(self) -> ThrowawayPostgres:
+        self.socket_dir.mkdir(parents=True)
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(self.password)
+        if self._as_root:
+            _ensure_system_user(SERVER_USER)
+            shutil.chown(self.root, SERVER_USER)
+            for path in (self.socket_dir, pwfile):
+                shutil.chown(path, SERVER_USER)
+        self._run(_binary("initdb"), "-D", str(self.data), "-U", SUPERUSER,
+                  f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
+                  "-E", "UTF8", "--locale=C.UTF-8")
+        options = " ".join([
+            f"-p {self.port}", f"-k {self.socket_dir}", "-c listen_addresses=127.0.0.1",
+            "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off",
+            "-c max_connections=300", "-c shared_buffers=256MB",
+        ])
+        self._run(_binary("pg_ctl"), "-D", str(self.data), "-o", options,
+                  "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
+        return self
+
+    def stop(self) -> None:
+        try:
+            self._run(_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def url(self, database: str = "postgres", driver: str = "psycopg") -> str:
+        return (f"postgresql+{driver}://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/"
+                f"{database}")
+
+    def dsn(self, database: str = "postgres") -> str:
+        return (f"host=127.0.0.1 port={self.port} user={SUPERUSER} password={self.password} "
+                f"dbname={database}")
+
+
+def _ensure_system_user(name: str) -> None:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        name], check=True)

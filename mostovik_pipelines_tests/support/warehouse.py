@@ -1,0 +1,36 @@
+"""Reading the warehouse the way an operator checks it: rows, in key order."""
+
+from __future__ import annotations
+
+from sqlalchemy import create_engine, select, text
+
+import mostovik_pipelines.sources  # noqa: F401 - registers the tables
+from mostovik_pipelines.warehouse.schema import metadata
+
+
+def table_rows(url: str, table: str) -> list[dict]:
+    """Rows typed as the table declares them (dates, exact decimals), in natural-key order."""
+    declared = metadata.tables[table]
+    key = next(c for c in declared.constraints if c.name and "natural_key" in str(c.name))
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            result = connection.execute(select(declared).order_by(*key.columns))
+            return [dict(row._mapping) for row in result]
+    finally:
+        engine.dispose()
+
+
+def physical_snapshot(url: str, table: str, order_by: str = "partition_date, char_code") -> list:
+    """Every row as stored, with its physical identity (PostgreSQL: ctid and xmin, which change
+    whenever a row is rewritten; SQLite: rowid), so equal snapshots mean nothing was rewritten."""
+    identity = "ctid::text, xmin::text" if url.startswith("postgresql") else "rowid"
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            result = connection.execute(
+                text(f"SELECT {identity}, * FROM {table} ORDER BY {order_by}")
+            )
+            return [tuple(row) for row in result]
+    finally:
+        engine.dispose()
