@@ -25,9 +25,9 @@ dev: install
 	MOSTOVIK_CBR_URL=http://127.0.0.1:8765/cbr/XML_daily.asp \
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
-## The test suite against a throw-away PostgreSQL (and Redis) started by scripts in .ci/.
+## The test suite. The tests start the throw-away PostgreSQL (and Redis) servers they need.
 test: install
-	$(BIN)/python -m mostovik_pipelines_tests.services -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check mostovik_pipelines mostovik_pipelines_tests

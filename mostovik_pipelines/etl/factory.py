@@ -234,8 +234,9 @@ def _schedule(spec: SourceSpec, job):
         keys = spec.partitions_def.get_partition_keys(
             current_time=context.scheduled_execution_time
         )
+        tick = (context.scheduled_execution_time or datetime.now(UTC)).isoformat()
         for key in keys[-latest:]:
-            yield RunRequest(partition_key=key)
+            yield RunRequest(partition_key=key, run_key=f"{key}@{tick}")
 
     return refresh_latest_partitions
 

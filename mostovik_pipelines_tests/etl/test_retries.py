@@ -1,0 +1,158 @@
+"""Retries against real failures: the stand-in's HTTP faults and a killed database backend."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from mostovik_pipelines.etl.locking import partition_lock_keys
+from mostovik_pipelines.etl.retries import RetryPolicy
+from mostovik_pipelines_tests.conftest import code_location_for
+from mostovik_pipelines_tests.support.runs import (
+    load_metadata,
+    run_partition,
+    step_attempts,
+    step_failure_message,
+)
+from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
+
+PARTITION = "2026-11-04"
+
+
+@pytest.fixture
+def warehouse_url(pg_warehouse_url):
+    """Retries are about a real server: these tests run on PostgreSQL."""
+    return pg_warehouse_url
+
+
+def test_two_503s_then_success_takes_three_extract_attempts_and_loads_once(
+    cbr_job, instance, standin, warehouse_url
+):
+    standin.fault("status", status=503, times=2)
+    result = run_partition(cbr_job, PARTITION, instance)
+    assert result.success
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 3
+    assert step_attempts(instance, result.run_id, "load_cbr_daily_rates") == 1
+    assert load_metadata(instance, result.run_id)["inserted"] == 12
+    assert len(table_rows(warehouse_url, "cbr_daily_rates")) == 12
+
+
+def test_429_with_retry_after_waits_as_long_as_the_source_asks(cbr_job, instance, standin):
+    standin.fault("status", status=429, retry_after=2)
+    result = run_partition(cbr_job, PARTITION, instance)
+    assert result.success
+    served = standin.requests("cbr")
+    assert [r["status"] for r in served] == [429, 200]
+    assert served[1]["at"] - served[0]["at"] >= 2.0
+
+
+def test_a_source_that_stays_down_fails_after_the_configured_attempts(
+    cbr_job, instance, standin
+):
+    standin.fault("status", status=503, times=-1)
+    result = run_partition(cbr_job, PARTITION, instance)
+    assert not result.success
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 3
+    message = step_failure_message(instance, result.run_id)
+    assert "cbr_daily_rates [2026-11-04] extract: source unavailable after 3 attempts" in message
+    assert "HTTP 503" in message
+
+
+@pytest.mark.parametrize(
+    ("fault", "options", "defect", "failing_step_attempts"),
+    [
+        ("status", {"status": 404}, "request rejected: SourceRequestRejected: HTTP 404",
+         [1, 0, 0]),
+        ("malformed", {}, "not well-formed XML", [1, 1, 0]),
+        ("rename_element", {"element": "CharCode", "renamed_to": "Code"}, "has no <CharCode>",
+         [1, 1, 0]),
+    ],
+)
+def test_permanent_failures_take_one_attempt_and_keep_the_loaded_rows(
+    cbr_job, instance, standin, warehouse_url, fault, options, defect, failing_step_attempts
+):
+    assert run_partition(cbr_job, PARTITION, instance).success
+    before = physical_snapshot(warehouse_url, "cbr_daily_rates")
+
+    standin.fault(fault, **options)
+    result = run_partition(cbr_job, PARTITION, instance)
+    assert not result.success
+    assert [step_attempts(instance, result.run_id, op) for op in (
+        "extract_cbr_daily_rates", "transform_cbr_daily_rates", "load_cbr_daily_rates"
+    )] == failing_step_attempts
+    message = step_failure_message(instance, result.run_id)
+    assert "cbr_daily_rates [2026-11-04]" in message
+    assert defect in message
+    assert physical_snapshot(warehouse_url, "cbr_daily_rates") == before
+
+
+def test_a_configuration_error_is_not_retried(
+    warehouse_url, standin_server, standin, tmp_path, cbr_source, instance
+):
+    from mostovik_pipelines.resources import HttpSourceResource
+
+    location = code_location_for(
+        warehouse_url, standin_server, tmp_path, [cbr_source],
+        cbr_daily_rates_source=HttpSourceResource(base_url="not a url"),
+    )
+    result = run_partition(location.resolve_job_def("cbr_daily_rates_job"), PARTITION, instance)
+    assert not result.success
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 1
+    assert "configuration error" in step_failure_message(instance, result.run_id)
+
+
+def test_a_load_whose_connection_is_killed_is_retried_to_an_exact_table(
+    cbr_job, instance, standin, warehouse_url, postgres
+):
+    assert run_partition(cbr_job, PARTITION, instance).success
+    standin.change_cbr_rates(PARTITION, set_values={"USD": "70,0000"}, remove=["EUR", "JPY"])
+
+    # Hold the partition's lock so that the load stops inside its transaction, then kill it there.
+    table_key, partition_key = partition_lock_keys("cbr_daily_rates", PARTITION)
+    holder = psycopg.connect(postgres.dsn(warehouse_url.rsplit("/", 1)[1]), autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s, %s)", (table_key, partition_key))
+    outcome = {}
+    runner = threading.Thread(
+        target=lambda: outcome.setdefault("result", run_partition(cbr_job, PARTITION, instance))
+    )
+    runner.start()
+    killed = _terminate_backend_waiting_for_lock(holder)
+    holder.execute("SELECT pg_advisory_unlock(%s, %s)", (table_key, partition_key))
+    holder.close()
+    runner.join(timeout=60)
+
+    result = outcome["result"]
+    assert killed
+    assert result.success
+    assert step_attempts(instance, result.run_id, "load_cbr_daily_rates") == 2
+    rows = table_rows(warehouse_url, "cbr_daily_rates")
+    assert len(rows) == 10
+    assert len({(r["partition_date"], r["char_code"]) for r in rows}) == 10
+    assert next(r for r in rows if r["char_code"] == "USD")["value"] == 70
+
+
+def _terminate_backend_waiting_for_lock(holder: psycopg.Connection, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = holder.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()"
+        ).fetchone()
+        if row:
+            return holder.execute("SELECT pg_terminate_backend(%s)", row).fetchone()[0]
+        time.sleep(0.05)
+    return False
+
+
+def test_retry_policy_backs_off_exponentially_with_bounded_jitter():
+    policy = RetryPolicy(base_delay_seconds=1.0, max_delay_seconds=5.0, jitter=0.5)
+    waits = [policy.wait_seconds(attempt) for attempt in range(1, 6)]
+    for attempt, wait in enumerate(waits, 1):
+        full = min(2 ** (attempt - 1), 5.0)
+        assert full * 0.5 <= wait <= full
+    assert policy.wait_seconds(1, retry_after=1000) == policy.retry_after_cap_seconds
+
+

@@ -1,0 +1,72 @@
+"""The production instance config (deploy/dagster.yaml) on real PostgreSQL storage, driven the
+way CI and operators drive it: ``dagster job execute`` in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+from mostovik_pipelines_tests.support.warehouse import table_rows
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def production_home(postgres, tmp_path) -> tuple[Path, dict[str, str]]:
+    """A DAGSTER_HOME with deploy/dagster.yaml and its environment, on a fresh database."""
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE dagster_{tmp_path.name[-8:].lower()}")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    environment = {
+        "DAGSTER_HOME": str(home),
+        "MOSTOVIK_DAGSTER_PG_USER": "mostovik",
+        "MOSTOVIK_DAGSTER_PG_PASSWORD": postgres.password,
+        "MOSTOVIK_DAGSTER_PG_HOST": "127.0.0.1",
+        "MOSTOVIK_DAGSTER_PG_PORT": str(postgres.port),
+        "MOSTOVIK_DAGSTER_PG_DB": f"dagster_{tmp_path.name[-8:].lower()}",
+        "MOSTOVIK_DAGSTER_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+        "MOSTOVIK_DAGSTER_LOG_DIR": str(tmp_path / "compute_logs"),
+    }
+    return home, environment
+
+
+@pytest.mark.slow
+def test_dagster_job_execute_records_the_run_in_postgres_run_storage(
+    production_home, pg_warehouse_url, standin_server, standin, tmp_path, monkeypatch
+):
+    home, environment = production_home
+    environment |= {
+        "MOSTOVIK_DATABASE_URL": pg_warehouse_url,
+        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+        "MOSTOVIK_DATA_DIR": str(tmp_path / "data"),
+    }
+    completed = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "job", "execute",
+         "-m", "mostovik_pipelines", "-j", "cbr_daily_rates_job",
+         "--tags", json.dumps({"dagster/partition": "2026-11-02"})],
+        env={**os.environ, **environment}, cwd=tmp_path, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        runs = instance.get_runs(RunsFilter(job_name="cbr_daily_rates_job"))
+        assert len(runs) == 1
+        assert runs[0].status == DagsterRunStatus.SUCCESS
+        assert runs[0].tags["dagster/partition"] == "2026-11-02"
+        assert runs[0].tags["mostovik/source"] == "cbr_daily_rates"
+        assert runs[0].tags["mostovik/job_type"] == "parser"
+    assert len(table_rows(pg_warehouse_url, "cbr_daily_rates")) == 12
