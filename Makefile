@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: install demo dev test lint clean
+.PHONY: install demo dev test bench chaos lint clean
 
 $(BIN)/mostovik: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ dev: install
 ## The test suite. The tests start the throw-away PostgreSQL (and Redis) servers they need.
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Loader and orchestration benchmarks against a throw-away PostgreSQL (see benchmarks/README.md).
+bench: install
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+## The randomized reliability suite: crashes, faults and duplicates against real PostgreSQL.
+chaos: install
+	$(BIN)/python -m mostovik_pipelines_tests.chaos $(CHAOS_ARGS)
 
 lint: install
 	$(BIN)/ruff check mostovik_pipelines mostovik_pipelines_tests
