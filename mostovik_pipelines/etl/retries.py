@@ -63,18 +63,24 @@ def run_with_retries(
     try:
         return work()
     except Exception as exc:  # every failure is classified; nothing escapes unjudged
-        verdict = classify(exc)
-        attempt = context.retry_number + 1
-        if verdict.transient and attempt < policy.max_attempts:
-            wait = policy.wait_seconds(attempt, verdict.retry_after)
-            context.log.warning(
-                f"{step.describe()}: attempt {attempt} of {policy.max_attempts} failed "
-                f"({verdict.kind}: {verdict.reason}); retrying in {wait:.1f}s"
-            )
-            raise RetryRequested(
-                max_retries=policy.max_attempts - 1, seconds_to_wait=wait
-            ) from exc
-        raise failure_for(step, verdict, attempt, policy) from exc
+        raise retry_or_fail(context, step, policy, exc) from exc
+
+
+def retry_or_fail(
+    context: OpExecutionContext, step: StepContext, policy: RetryPolicy, exc: Exception
+) -> RetryRequested | Failure:
+    """The exception that ends this attempt of the step: a retry while the failure is transient
+    and attempts remain (logged with reason, context and wait), else the final failure."""
+    verdict = classify(exc)
+    attempt = context.retry_number + 1
+    if verdict.transient and attempt < policy.max_attempts:
+        wait = policy.wait_seconds(attempt, verdict.retry_after)
+        context.log.warning(
+            f"{step.describe()}: attempt {attempt} of {policy.max_attempts} failed "
+            f"({verdict.kind}: {verdict.reason}); retrying in {wait:.1f}s"
+        )
+        return RetryRequested(max_retries=policy.max_attempts - 1, seconds_to_wait=wait)
+    return failure_for(step, verdict, attempt, policy)
 
 
 def failure_for(step: StepContext, verdict: Verdict, attempt: int, policy: RetryPolicy) -> Failure:

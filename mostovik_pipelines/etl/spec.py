@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from dagster import ConfigurableResource, PartitionsDefinition
+from dagster import BackfillPolicy, ConfigurableResource, PartitionsDefinition
 from sqlalchemy import Table
 
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
@@ -66,6 +66,24 @@ class TransformRequest:
 
 
 @dataclass(frozen=True)
+class RejectedRow:
+    """A row the source sent that cannot be loaded; it goes to quarantine, never silently away."""
+
+    row_number: int
+    """1-based position in the payload (for XML: the element's position)."""
+    raw: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ParsedRows:
+    """A transform's result when some rows had to be rejected."""
+
+    frame: pd.DataFrame
+    rejected: Sequence[RejectedRow] = ()
+
+
+@dataclass(frozen=True)
 class SourceSchedule:
     """When to refresh the newest partitions, and how many of them each tick asks for."""
 
@@ -87,13 +105,21 @@ class SourceSpec:
     partition_column: str
     load_mode: LoadMode
     extract: Callable[[ExtractRequest], RawPayload]
-    transform: Callable[[TransformRequest], pd.DataFrame]
+    transform: Callable[[TransformRequest], pd.DataFrame | ParsedRows]
     resource: ConfigurableResource
     """The source's I/O (HTTP client, inbox, ...); the extract function receives it."""
     schedule: SourceSchedule | None = None
     version_column: str | None = None
     extract_retry: RetryPolicy = field(default_factory=RetryPolicy)
     load_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=3))
+    max_rejected_share: float = 0.0
+    """Share of a partition's rows that may be rejected (quarantined) with the rest still loaded,
+    as a partial job. Above it the defect is systematic: nothing is loaded and the run fails."""
+    backfill_policy: BackfillPolicy = field(
+        default_factory=lambda: BackfillPolicy.multi_run(max_partitions_per_run=31)
+    )
+    """How many partitions one run may take: a backfill of many small partitions should not pay
+    a run's start-up cost for each one."""
     max_runtime_seconds: int = 15 * 60
     """A run taking longer is hung: run monitoring fails it and ``jobs list --stuck`` shows it."""
 
@@ -112,3 +138,5 @@ class SourceSpec:
             raise ValueError(f"source {self.name}: columns {missing} are not in {self.table.name}")
         if self.load_mode is LoadMode.MERGE_BY_VERSION and self.version_column not in columns:
             raise ValueError(f"source {self.name}: merge-by-version needs a version column")
+        if not 0.0 <= self.max_rejected_share < 1.0:
+            raise ValueError(f"source {self.name}: max_rejected_share must be in [0, 1)")

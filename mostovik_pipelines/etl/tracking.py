@@ -13,7 +13,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines.etl.tags import JOB_TYPE_TAG, PARTITION_TAG, SOURCE_TAG
 
-LOAD_COUNT_KEYS = ("inserted", "updated", "unchanged", "deleted")
+LOAD_COUNT_KEYS = ("inserted", "updated", "unchanged", "deleted", "rejected")
 
 
 class JobStatus(enum.StrEnum):

@@ -1,69 +1,103 @@
 """Checks every transformed partition passes before it may be loaded.
 
-A source's transform checks its own format; these checks hold for every source: the frame has
-the target's columns, every row belongs to the partition being loaded, natural keys are
-complete, and a natural key appears once. Exact duplicate rows are dropped (the source repeated
-itself); two different rows with one natural key are a defect of the source and fail the run.
+A source's transform checks its own format; these checks hold for every source:
+
+* the frame has exactly the target's columns (else the source's contract changed: the run fails);
+* rows with an incomplete natural key, rows outside the partition being loaded, and rows that
+  share a natural key with different data are rejected to quarantine (de-duplication policy: an
+  exact duplicate row is dropped and counted; conflicting duplicates are all rejected, since
+  nothing tells which one is right);
+* if the rejected share of the partition exceeds the source's ``max_rejected_share``, the defect
+  is systematic: nothing is loaded and the run fails without retry.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-from mostovik_pipelines.etl.errors import DataValidationError
-from mostovik_pipelines.etl.loading import LoadTarget
+from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
+from mostovik_pipelines.etl.spec import ParsedRows, RejectedRow
 
-SHOWN_EXAMPLES = 5
+SHOWN_REASONS = 3
 
 
 @dataclass(frozen=True)
 class ValidatedFrame:
     frame: pd.DataFrame
     duplicates_dropped: int
+    rejected: tuple[RejectedRow, ...]
 
 
-def validate_partition_frame(
-    frame: pd.DataFrame, target: LoadTarget, partition_key: str
+def validate_partition(
+    parsed: pd.DataFrame | ParsedRows, target: LoadTarget, partition_key: str,
+    max_rejected_share: float,
 ) -> ValidatedFrame:
-    """The frame ready to load, or :class:`DataValidationError` saying what is wrong."""
+    """The rows ready to load and the rows to quarantine, or an error saying what is wrong."""
+    if isinstance(parsed, ParsedRows):
+        frame, rejected = parsed.frame, list(parsed.rejected)
+    else:
+        frame, rejected = parsed, []
     expected = target.columns
-    missing = [c for c in expected if c not in frame.columns]
-    unexpected = [c for c in frame.columns if c not in expected]
-    if missing or unexpected:
-        raise DataValidationError(
-            f"columns do not match table {target.table.name}: missing {missing}, "
-            f"unexpected {unexpected}"
-        )
-    frame = frame[expected]
-
-    incomplete = frame[list(target.natural_key)].isna().any(axis=1)
-    if incomplete.any():
-        raise DataValidationError(
-            f"{int(incomplete.sum())} rows have an empty natural key {list(target.natural_key)}, "
-            f"first at row {int(incomplete.to_numpy().nonzero()[0][0])}"
-        )
-
-    if target.mode.value == "replace_partition":
-        expected_value = target.partition_value(partition_key)
-        outside = frame[target.partition_column] != expected_value
-        if outside.any():
-            examples = frame.loc[outside, target.partition_column].head(SHOWN_EXAMPLES).tolist()
-            raise DataValidationError(
-                f"{int(outside.sum())} rows do not belong to partition {partition_key} "
-                f"({target.partition_column} = {examples})"
+    if len(frame.columns) or not rejected:
+        missing = [c for c in expected if c not in frame.columns]
+        unexpected = [c for c in frame.columns if c not in expected]
+        if missing or unexpected:
+            raise SourceContractError(
+                f"columns do not match table {target.table.name}: missing {missing}, "
+                f"unexpected {unexpected}"
             )
+        frame = frame[expected].reset_index(drop=True)
+    else:
+        frame = pd.DataFrame(columns=expected)
 
-    exact_duplicates = frame.duplicated(keep="first")
-    deduplicated = frame[~exact_duplicates]
-    conflicting = deduplicated.duplicated(subset=list(target.natural_key), keep=False)
-    if conflicting.any():
-        examples = (
-            deduplicated.loc[conflicting, list(target.natural_key)]
-            .drop_duplicates().head(SHOWN_EXAMPLES).to_dict("records")
-        )
+    bad = pd.Series(False, index=frame.index)
+    reasons: dict[int, str] = {}
+    _flag(reasons, bad, frame[list(target.natural_key)].isna().any(axis=1),
+          f"incomplete natural key {list(target.natural_key)}")
+    if target.mode is LoadMode.REPLACE_PARTITION:
+        _flag(reasons, bad, frame[target.partition_column] != target.partition_value(partition_key),
+              f"{target.partition_column} is not partition {partition_key}")
+
+    exact_duplicates = frame.duplicated(keep="first") & ~bad
+    candidates = frame[~exact_duplicates & ~bad]
+    conflicting = candidates.duplicated(subset=list(target.natural_key), keep=False)
+    _flag(reasons, bad, conflicting.reindex(frame.index, fill_value=False),
+          "shares its natural key with a different row")
+
+    rejected += [
+        RejectedRow(row_number=index + 1, raw=_row_text(frame.loc[index]), reason=reason)
+        for index, reason in sorted(reasons.items())
+    ]
+    valid = frame[~bad & ~exact_duplicates].reset_index(drop=True)
+    _refuse_systematic_defects(rejected, len(valid) + len(rejected), max_rejected_share)
+    return ValidatedFrame(valid, int(exact_duplicates.sum()), tuple(rejected))
+
+
+def _flag(reasons: dict[int, str], bad: pd.Series, mask: pd.Series, reason: str) -> None:
+    for index in mask[mask & ~bad].index:
+        reasons[int(index)] = reason
+    bad |= mask
+
+
+def _refuse_systematic_defects(
+    rejected: Sequence[RejectedRow], total: int, max_rejected_share: float
+) -> None:
+    if not rejected:
+        return
+    share = len(rejected) / total if total else 1.0
+    if share > max_rejected_share:
+        shown = "; ".join(f"row {r.row_number}: {r.reason}" for r in rejected[:SHOWN_REASONS])
         raise DataValidationError(
-            f"{int(conflicting.sum())} rows share a natural key with different data: {examples}"
+            f"systematic defect: {len(rejected)} of {total} rows rejected "
+            f"({share:.0%} > {max_rejected_share:.0%} allowed), nothing loaded; {shown}"
         )
-    return ValidatedFrame(deduplicated.reset_index(drop=True), int(exact_duplicates.sum()))
+
+
+def _row_text(row: pd.Series) -> str:
+    return json.dumps({k: None if pd.isna(v) else str(v) for k, v in row.items()},
+                      ensure_ascii=False)

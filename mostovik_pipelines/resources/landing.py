@@ -38,6 +38,8 @@ class LandedPayload:
     size_bytes: int
     origin: str
     blob_path: str
+    run_id: str = ""
+    """The run that fetched it: a retried step resumes with what its own run already landed."""
 
 
 class LandingStoreResource(ConfigurableResource):
@@ -47,7 +49,7 @@ class LandingStoreResource(ConfigurableResource):
 
     def land(
         self, source: str, partition_key: str, content: bytes, *, content_type: str,
-        origin: str, fetched_at: datetime,
+        origin: str, fetched_at: datetime, run_id: str = "",
     ) -> LandedPayload:
         """Keep ``content`` and record the fetch; identical content is stored once."""
         content_hash = hashlib.sha256(content).hexdigest()
@@ -58,7 +60,7 @@ class LandingStoreResource(ConfigurableResource):
         payload = LandedPayload(
             source=source, partition_key=partition_key, content_hash=content_hash,
             content_type=content_type, fetched_at=fetched_at, size_bytes=len(content),
-            origin=origin, blob_path=str(blob),
+            origin=origin, blob_path=str(blob), run_id=run_id,
         )
         record = folder / "fetches" / f"{fetched_at:%Y%m%dT%H%M%S%fZ}-{content_hash[:12]}.json"
         _write_atomically(record, json.dumps(asdict(payload), default=str, indent=1).encode())

@@ -17,6 +17,7 @@ from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
 import pandas as pd
+from dagster import BackfillPolicy
 from sqlalchemy import Column, Date, Index, Integer, String
 
 from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
@@ -25,8 +26,10 @@ from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
     JobType,
+    ParsedRows,
     PartitionNotAvailable,
     RawPayload,
+    RejectedRow,
     SourceSchedule,
     SourceSpec,
     TransformRequest,
@@ -40,6 +43,7 @@ from mostovik_pipelines.warehouse.types import ExactDecimal
 DEFAULT_URL = "https://www.cbr.ru/scripts/XML_daily.asp"
 MOSCOW = ZoneInfo("Europe/Moscow")
 REQUIRED_FIELDS = ("NumCode", "CharCode", "Nominal", "Name", "Value")
+VALUTE_COLUMNS = ("cbr_id", "num_code", "char_code", "nominal", "name", "value", "unit_rate")
 CHAR_CODE = re.compile(r"^[A-Z]{3}$")
 NUM_CODE = re.compile(r"^\d{3}$")
 LARGEST_PLAUSIBLE_RATE = Decimal("1000000")
@@ -69,8 +73,9 @@ def fetch_daily_rates(request: ExtractRequest) -> RawPayload:
     return RawPayload(response.content, response.content_type, response.url)
 
 
-def parse_daily_rates(request: TransformRequest) -> pd.DataFrame:
-    """The rates of one ``XML_daily`` answer, one row per currency."""
+def parse_daily_rates(request: TransformRequest) -> ParsedRows:
+    """The rates of one ``XML_daily`` answer, one row per currency; a ``<Valute>`` that cannot
+    be read is rejected with the reason (quarantined), the document as a whole must parse."""
     asked = date.fromisoformat(request.partition_key)
     root = _parse_xml(request.content)
     if root.tag != "ValCurs":
@@ -86,11 +91,17 @@ def parse_daily_rates(request: TransformRequest) -> pd.DataFrame:
     valutes = root.findall("Valute")
     if not valutes:
         raise SourceContractError("<ValCurs> holds no <Valute> elements")
-    rows = [_parse_valute(valute, position) for position, valute in enumerate(valutes, 1)]
-    frame = pd.DataFrame(rows)
+    rows, rejected = [], []
+    for position, valute in enumerate(valutes, 1):
+        try:
+            rows.append(_parse_valute(valute, position))
+        except (SourceContractError, DataValidationError) as defect:
+            rejected.append(RejectedRow(position, ET.tostring(valute, encoding="unicode"),
+                                        str(defect)))
+    frame = pd.DataFrame(rows, columns=VALUTE_COLUMNS)
     frame.insert(0, "rate_date", rate_date)
     frame.insert(0, "partition_date", asked)
-    return frame
+    return ParsedRows(frame, rejected)
 
 
 def _parse_xml(content: bytes) -> ET.Element:
@@ -184,5 +195,11 @@ SOURCE = SourceSpec(
     schedule=SourceSchedule(cron="0 12,16,20 * * *", timezone="Europe/Moscow",
                             latest_partitions=2),
     extract_retry=RetryPolicy(max_attempts=4, base_delay_seconds=2.0, max_delay_seconds=60.0),
+    # One unreadable currency of ~40 is quarantined and the rest loaded (a partial job); more
+    # than a tenth means the format changed, and nothing is loaded.
+    max_rejected_share=0.1,
+    # A day is ~40 rows: a whole backfill fits one run, which `dagster asset materialize
+    # --partition-range` and the UI's single-run backfills need.
+    backfill_policy=BackfillPolicy.single_run(),
     max_runtime_seconds=10 * 60,
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from datetime import date, datetime, time, timedelta
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
 from mostovik_pipelines.standin.reply import Reply
@@ -53,6 +53,14 @@ def default_published_until(now: datetime | None = None) -> date:
 
 def _comma(amount: Decimal) -> str:
     return format(amount, "f").replace(".", ",")
+
+
+def _unit_rate(value: str, nominal: int) -> str:
+    """VunitRate as the CBR prints it; a value a test broke on purpose stays broken."""
+    try:
+        return _comma((Decimal(value.replace(",", ".")) / nominal).normalize())
+    except InvalidOperation:
+        return value
 
 
 class CbrStandin:
@@ -98,8 +106,7 @@ class CbrStandin:
                          f"<CharCode>{code}</CharCode><Nominal>{nominal}</Nominal>"
                          f"<Name>{name}</Name><Value>{value}</Value>")
             if day >= VUNITRATE_SINCE:
-                unit = Decimal(value.replace(",", ".")) / nominal
-                lines.append(f"<VunitRate>{_comma(unit.normalize())}</VunitRate>")
+                lines.append(f"<VunitRate>{_unit_rate(value, nominal)}</VunitRate>")
             lines.append("</Valute>")
         lines.append("</ValCurs>")
         return "".join(lines).encode("windows-1251")

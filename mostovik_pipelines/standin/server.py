@@ -4,7 +4,8 @@ source's format deterministically and injects the faults tests ask for.
 Control endpoints (JSON), used by tests and the chaos suite through :class:`StandinClient`:
 
 * ``POST /_control/faults`` ``{"route": "cbr", "kind": ..., "times": 1, ...}`` queues a fault
-  for the next requests of a route; ``DELETE /_control/faults`` clears them. Kinds:
+  for the next requests of a route (only those whose query contains ``match``, if given);
+  ``DELETE /_control/faults`` clears them. Kinds:
   ``status`` (any code, optional ``retry_after``), ``hang`` (``seconds`` before answering),
   ``drop`` (close the connection halfway through the body), ``truncate`` (a cut-off document),
   ``malformed`` (not XML), ``rename_element`` (``element`` -> ``renamed_to``, a schema change),
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 
@@ -49,17 +50,20 @@ class StandinState:
         self.requests: list[dict[str, Any]] = []
         self.cbr = CbrStandin()
 
-    def next_fault(self, route: str) -> Fault | None:
+    def next_fault(self, route: str, query: str) -> Fault | None:
+        """The first queued fault of the route that applies to this request (a fault with a
+        ``match`` option applies only to requests whose query string contains it)."""
         with self.lock:
             queue = self.faults.get(route, [])
-            if not queue:
-                return None
-            fault = queue[0]
-            if fault.times > 0:
-                fault.times -= 1
-                if fault.times == 0:
-                    queue.pop(0)
-            return fault
+            for fault in queue:
+                if fault.options.get("match", "") not in query:
+                    continue
+                if fault.times > 0:
+                    fault.times -= 1
+                    if fault.times == 0:
+                        queue.remove(fault)
+                return fault
+            return None
 
 
 def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
@@ -86,7 +90,7 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(url.query)
             route = route_names[url.path]
             reply = routes[url.path](query)
-            fault = state.next_fault(route)
+            fault = state.next_fault(route, unquote(url.query))
             status = self._serve(reply, fault)
             with state.lock:
                 state.requests.append({"route": route, "query": url.query, "at": time.time(),

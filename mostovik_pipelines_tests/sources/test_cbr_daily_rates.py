@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.etl.errors import SourceContractError
 from mostovik_pipelines.etl.spec import PartitionNotAvailable, TransformRequest
 from mostovik_pipelines.sources.cbr_daily_rates import parse_daily_rates
 from mostovik_pipelines.standin.cbr import CbrStandin
@@ -23,7 +23,9 @@ def _request(content: bytes, partition: str = PARTITION,
 
 
 def test_parses_windows_1251_with_decimal_comma_and_keeps_both_dates():
-    frame = parse_daily_rates(_request(CbrStandin().document(date(2026, 11, 2))))
+    parsed = parse_daily_rates(_request(CbrStandin().document(date(2026, 11, 2))))
+    assert parsed.rejected == []
+    frame = parsed.frame
     usd = frame.set_index("char_code").loc["USD"]
     assert usd["partition_date"] == date(2026, 11, 2)
     assert usd["rate_date"] == date(2026, 10, 31)
@@ -33,7 +35,8 @@ def test_parses_windows_1251_with_decimal_comma_and_keeps_both_dates():
 
 
 def test_unit_rate_is_value_per_nominal_when_vunitrate_is_absent():
-    frame = parse_daily_rates(_request(CbrStandin().document(date(2021, 3, 3)), "2021-03-03"))
+    frame = parse_daily_rates(
+        _request(CbrStandin().document(date(2021, 3, 3)), "2021-03-03")).frame
     jpy = frame.set_index("char_code").loc["JPY"]
     assert jpy["nominal"] == 100
     assert jpy["unit_rate"] == (jpy["value"] / 100).quantize(Decimal("0.00000001"))
@@ -54,18 +57,37 @@ def test_a_date_not_published_yet_is_not_available_rather_than_an_error():
         (b"<html><body>Maintenance</body></html>", SourceContractError, "root element is <html>"),
         (b"<ValCurs Date=\"31.10.2026\"></ValCurs>", SourceContractError, "no <Valute>"),
         (b"<ValCurs Date=\"2026-10-31\"></ValCurs>", SourceContractError, "not DD.MM.YYYY"),
-        (b"<ValCurs Date=\"31.10.2026\"><Valute ID=\"R1\"><NumCode>840</NumCode>"
-         b"<CharCode>USD</CharCode><Nominal>1</Nominal><Name>x</Name><Rate>1,0</Rate></Valute>"
-         b"</ValCurs>", SourceContractError, "has no <Value>"),
-        (b"<ValCurs Date=\"31.10.2026\"><Valute ID=\"R1\"><NumCode>840</NumCode>"
-         b"<CharCode>USD</CharCode><Nominal>1</Nominal><Name>x</Name><Value>abc</Value></Valute>"
-         b"</ValCurs>", DataValidationError, "is not a decimal"),
         (b"<!DOCTYPE x [<!ENTITY a \"b\">]><ValCurs/>", SourceContractError, "DTD"),
     ],
 )
 def test_defects_are_named(content, error, message):
     with pytest.raises(error, match=message):
         parse_daily_rates(_request(content))
+
+
+GOOD_VALUTE = (b"<Valute ID=\"R01235\"><NumCode>840</NumCode><CharCode>USD</CharCode>"
+               b"<Nominal>1</Nominal><Name>x</Name><Value>92,5000</Value></Valute>")
+
+
+@pytest.mark.parametrize(
+    ("bad_valute", "reason"),
+    [
+        (b"<Valute ID=\"R1\"><NumCode>978</NumCode><CharCode>EUR</CharCode><Nominal>1</Nominal>"
+         b"<Name>x</Name><Rate>1,0</Rate></Valute>", "has no <Value>"),
+        (b"<Valute ID=\"R1\"><NumCode>978</NumCode><CharCode>EUR</CharCode><Nominal>1</Nominal>"
+         b"<Name>x</Name><Value>abc</Value></Valute>", "Value 'abc' is not a decimal"),
+        (b"<Valute ID=\"R1\"><NumCode>978</NumCode><CharCode>EUR</CharCode><Nominal>0</Nominal>"
+         b"<Name>x</Name><Value>1,0</Value></Valute>", "Nominal '0' is not a positive integer"),
+    ],
+)
+def test_an_unreadable_currency_is_rejected_with_its_reason(bad_valute, reason):
+    content = b"<ValCurs Date=\"31.10.2026\">" + GOOD_VALUTE + bad_valute + b"</ValCurs>"
+    parsed = parse_daily_rates(_request(content))
+    assert list(parsed.frame["char_code"]) == ["USD"]
+    [rejected] = parsed.rejected
+    assert rejected.row_number == 2
+    assert reason in rejected.reason
+    assert "<Valute" in rejected.raw
 
 
 def test_materialising_a_partition_twice_leaves_the_table_byte_for_byte_identical(
@@ -138,3 +160,37 @@ def test_an_unpublished_partition_loads_nothing_and_does_not_fail(
     assert result.success
     assert result.asset_materializations_for_node("cbr_daily_rates") == []
     assert table_rows(warehouse_url, "cbr_daily_rates") == []
+
+
+def test_one_unreadable_currency_is_quarantined_and_the_rest_loaded(
+    cbr_job, instance, warehouse_url, standin
+):
+    from mostovik_pipelines.etl.quarantine import quarantined_by_run
+    from mostovik_pipelines.resources.warehouse import warehouse_engine
+
+    standin.change_cbr_rates("2026-10-31", set_values={"USD": "n/a"})
+    result = run_partition(cbr_job, PARTITION, instance)
+    assert result.success
+    figures = load_metadata(instance, result.run_id)
+    assert (figures["inserted"], figures["rejected"]) == (11, 1)
+    assert "USD" not in {r["char_code"] for r in table_rows(warehouse_url, "cbr_daily_rates")}
+    [quarantined] = quarantined_by_run(warehouse_engine(warehouse_url), result.run_id)
+    assert (quarantined["source"], quarantined["partition_key"]) == ("cbr_daily_rates", PARTITION)
+    assert "Value 'n/a' is not a decimal" in quarantined["reason"]
+    assert "<CharCode>USD</CharCode>" in quarantined["raw_row"]
+
+    standin.reset_cbr_rates()
+    fixed = run_partition(cbr_job, PARTITION, instance)
+    assert load_metadata(instance, fixed.run_id)["inserted"] == 1
+    assert quarantined_by_run(warehouse_engine(warehouse_url), result.run_id) == []
+
+
+def test_many_unreadable_currencies_are_a_systematic_defect_and_load_nothing(
+    cbr_job, instance, warehouse_url, standin
+):
+    assert run_partition(cbr_job, PARTITION, instance).success
+    before = physical_snapshot(warehouse_url, "cbr_daily_rates")
+    standin.change_cbr_rates("2026-10-31", set_values={c: "?" for c in ("USD", "EUR", "GBP")})
+    result = run_partition(cbr_job, PARTITION, instance)
+    assert not result.success
+    assert physical_snapshot(warehouse_url, "cbr_daily_rates") == before

@@ -3,6 +3,7 @@
 from alembic import context
 from sqlalchemy import create_engine
 
+import mostovik_pipelines.etl.quarantine  # registers the quarantine table
 import mostovik_pipelines.sources  # noqa: F401 - registers every source's table
 from mostovik_pipelines.warehouse.schema import metadata
 

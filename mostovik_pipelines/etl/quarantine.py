@@ -1,0 +1,70 @@
+"""Quarantine: rows a source sent that could not be loaded, kept with the reason.
+
+Nothing the source sent is silently dropped. A partition's quarantine is replaced on every load
+of that partition, exactly like its data, so re-runs never pile up stale rejections: after a
+clean re-load the partition's quarantine is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Engine,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    delete,
+    insert,
+    select,
+)
+
+from mostovik_pipelines.etl.spec import RejectedRow
+from mostovik_pipelines.warehouse.schema import metadata
+
+quarantined_rows = Table(
+    "quarantined_rows",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("source", String(128), nullable=False),
+    Column("partition_key", String(255), nullable=False),
+    Column("run_id", String(64), nullable=False, comment="run that rejected the row"),
+    Column("row_number", Integer, nullable=False, comment="1-based position in the payload"),
+    Column("raw_row", Text, nullable=False, comment="the row as the source sent it"),
+    Column("reason", Text, nullable=False),
+    Column("quarantined_at", DateTime(timezone=True), nullable=False),
+    Index("ix_quarantined_rows_source_partition", "source", "partition_key"),
+    Index("ix_quarantined_rows_run_id", "run_id"),
+)
+
+
+def replace_quarantine(
+    engine: Engine, source: str, partition_key: str, run_id: str, rejected: Sequence[RejectedRow]
+) -> None:
+    """Make the partition's quarantine hold exactly ``rejected``, in one transaction."""
+    now = datetime.now(UTC)
+    with engine.begin() as connection:
+        connection.execute(delete(quarantined_rows).where(
+            quarantined_rows.c.source == source,
+            quarantined_rows.c.partition_key == partition_key,
+        ))
+        if rejected:
+            connection.execute(insert(quarantined_rows), [
+                {"source": source, "partition_key": partition_key, "run_id": run_id,
+                 "row_number": row.row_number, "raw_row": row.raw, "reason": row.reason,
+                 "quarantined_at": now}
+                for row in rejected
+            ])
+
+
+def quarantined_by_run(engine: Engine, run_id: str) -> list[dict]:
+    """The rows a run quarantined, in payload order."""
+    query = (select(quarantined_rows).where(quarantined_rows.c.run_id == run_id)
+             .order_by(quarantined_rows.c.partition_key, quarantined_rows.c.row_number))
+    with engine.connect() as connection:
+        return [dict(row._mapping) for row in connection.execute(query)]
