@@ -1,0 +1,71 @@
+"""A throw-away Redis server on 127.0.0.1 for the tests: the Celery broker and result backend.
+
+No persistence (``save ''``, ``appendonly no``), a random password (so the tests can prove it
+never leaks), its config and log in a temp dir that is deleted when it stops.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from mostovik_pipelines_tests.support.postgres import free_port
+
+REDIS_SERVER = "/usr/bin/redis-server"
+
+
+class ThrowawayRedis:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.password = secrets.token_urlsafe(16)
+        self.root = Path(tempfile.mkdtemp(prefix="mostovik-redis-"))
+        self._process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> ThrowawayRedis:
+        config = self.root / "redis.conf"
+        config.write_text("\n".join([
+            "bind 127.0.0.1", f"port {self.port}", "save ''", "appendonly no",
+            f"requirepass {self.password}", f"dir {self.root}",
+            f"logfile {self.root / 'redis.log'}", "daemonize no",
+        ]) + "\n")
+        config.chmod(0o600)
+        binary = REDIS_SERVER if Path(REDIS_SERVER).exists() else shutil.which("redis-server")
+        if not binary:
+            raise RuntimeError("redis-server not found (apt-get install redis-server)")
+        self._process = subprocess.Popen([binary, str(config)], start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                redis.Redis.from_url(self.url()).ping()
+                return self
+            except redis.exceptions.ConnectionError as error:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    log = self.log()[-2000:]
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not start: {log}") from error
+                time.sleep(0.05)
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
+
+    def log(self) -> str:
+        path = self.root / "redis.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        try:
+            if self._process is not None and self._process.poll() is None:
+                self._process.terminate()
+                try:
+                    self._process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait(timeout=10)
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)

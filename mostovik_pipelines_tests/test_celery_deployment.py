@@ -1,0 +1,302 @@
+"""The production deployment end to end with real parts: deploy/dagster.yaml on PostgreSQL, a
+password-protected Redis as Celery broker and result backend, two Celery workers started the way
+deploy/ starts them, and runs driven by ``dagster job execute`` with ``MOSTOVIK_EXECUTOR=celery``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import psycopg
+import pytest
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._serdes import serialize_value
+
+from mostovik_pipelines.etl.locking import partition_lock_keys
+from mostovik_pipelines.execution import current_celery_task_id
+from mostovik_pipelines.sources import cbr_daily_rates
+from mostovik_pipelines.standin import StandinServer
+from mostovik_pipelines_tests.conftest import TEMPLATE_DB, code_location_for
+from mostovik_pipelines_tests.support.celery_workers import TASK_ID_PREFIX, CeleryWorker
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.redis import ThrowawayRedis
+from mostovik_pipelines_tests.support.warehouse import table_rows
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = "cbr_daily_rates_job"
+CBR_JOB = ("-m", "mostovik_pipelines", "-j", JOB)
+PARTITION_TAG = "dagster/partition"
+BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04", "2026-11-05", "2026-11-06"]
+KILLED_PARTITION = "2026-11-09"
+BOOKKEEPING = {"loaded_by_run", "loaded_at", "changed_by_run", "changed_at"}
+WORKER_LOST_SECONDS = 5
+
+
+@dataclass
+class Deployment:
+    """The processes and settings of one production-like deployment on this machine."""
+
+    home: Path
+    work_dir: Path
+    environment: dict[str, str]
+    warehouse_url: str
+    secrets: list[str]
+    workers: dict[str, CeleryWorker] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+
+    def start_worker(self, name: str) -> CeleryWorker:
+        worker = CeleryWorker(name, self.work_dir / f"{name}.log")
+        self.workers[name] = worker.start(self.environment, cwd=self.work_dir)
+        return worker
+
+    def start_run(self, *args: str, **tags: str) -> subprocess.Popen:
+        """``dagster job execute *args`` with ``tags``, in a process of its own."""
+        tag_args = ["--tags", json.dumps(tags)] if tags else []
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster"), "job", "execute", *args, *tag_args],
+            env={**os.environ, **self.environment}, cwd=self.work_dir,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+
+    def finish(self, process: subprocess.Popen, timeout: float = 150) -> int:
+        output, _ = process.communicate(timeout=timeout)
+        self.outputs.append(output)
+        return process.returncode
+
+    @contextmanager
+    def instance(self) -> Iterator[DagsterInstance]:
+        with (mock.patch.dict(os.environ, self.environment),
+              DagsterInstance.from_config(str(self.home)) as instance):
+            yield instance
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[ThrowawayRedis]:
+    server = ThrowawayRedis().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    postgres: ThrowawayPostgres, redis_server: ThrowawayRedis, standin_server: StandinServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Deployment]:
+    """deploy/dagster.yaml on a fresh instance database, a fresh warehouse, shared storage and
+    landing directories, and two workers, ``worker-a`` and ``worker-b``."""
+    work_dir = tmp_path_factory.mktemp("celery_deployment")
+    suffix = uuid.uuid4().hex[:8]
+    dagster_db, warehouse_db = f"dagster_celery_{suffix}", f"wh_celery_{suffix}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {dagster_db}")
+        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
+    home = work_dir / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    environment = {
+        "DAGSTER_HOME": str(home),
+        "MOSTOVIK_DAGSTER_PG_USER": "mostovik",
+        "MOSTOVIK_DAGSTER_PG_PASSWORD": postgres.password,
+        "MOSTOVIK_DAGSTER_PG_HOST": "127.0.0.1",
+        "MOSTOVIK_DAGSTER_PG_PORT": str(postgres.port),
+        "MOSTOVIK_DAGSTER_PG_DB": dagster_db,
+        "MOSTOVIK_DAGSTER_ARTIFACT_DIR": str(work_dir / "artifacts"),
+        "MOSTOVIK_DAGSTER_LOG_DIR": str(work_dir / "compute_logs"),
+        "MOSTOVIK_EXECUTOR": "celery",
+        "MOSTOVIK_CELERY_BROKER_URL": redis_server.url(0),
+        "MOSTOVIK_CELERY_BACKEND_URL": redis_server.url(1),
+        "MOSTOVIK_CELERY_WORKER_LOST_SECONDS": str(WORKER_LOST_SECONDS),
+        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
+        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
+        "MOSTOVIK_STORAGE_DIR": str(work_dir / "shared" / "storage"),
+        "MOSTOVIK_LANDING_DIR": str(work_dir / "shared" / "landing"),
+        "PYTHONPATH": str(REPO),
+    }
+    deployment = Deployment(home, work_dir, environment, postgres.url(warehouse_db),
+                            secrets=[redis_server.password, postgres.password])
+    try:
+        for name in ("worker-a", "worker-b"):
+            deployment.start_worker(name)
+        for worker in deployment.workers.values():
+            worker.wait_ready()
+        yield deployment
+    finally:
+        for worker in deployment.workers.values():
+            worker.stop()
+        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+            for name in (dagster_db, warehouse_db):
+                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_a_step_on_a_worker_knows_its_celery_task_id(deployment):
+    assert current_celery_task_id() is None
+
+    process = deployment.start_run(
+        "-m", "mostovik_pipelines_tests.support.celery_workers",
+        "-a", "celery_probe_defs", "-j", "celery_probe_job",
+    )
+    assert deployment.finish(process) == 0, deployment.outputs[-1][-3000:]
+
+    with deployment.instance() as instance:
+        (run,) = instance.get_runs(RunsFilter(job_name="celery_probe_job"))
+        messages = [record.user_message for record in instance.all_logs(run.run_id)]
+        submitted = _submitted_task_ids(instance, run.run_id)
+    reported = [m.split(TASK_ID_PREFIX, 1)[1] for m in messages if TASK_ID_PREFIX in m]
+    assert len(reported) == 1 and reported[0] != "None"
+    assert submitted == {"report_celery_task": reported[0]}
+    assert any(reported[0] in worker.succeeded_task_ids()
+               for worker in deployment.workers.values())
+
+
+def test_a_backfill_spreads_over_two_workers_and_equals_the_in_process_result(
+    deployment, standin, standin_server, pg_warehouse_url, tmp_path
+):
+    started = time.monotonic()
+    processes = [deployment.start_run(*CBR_JOB, **{PARTITION_TAG: partition})
+                 for partition in BACKFILL]
+    codes = [deployment.finish(process) for process in processes]
+    elapsed = time.monotonic() - started
+    assert codes == [0] * len(BACKFILL), "\n".join(deployment.outputs[-5:])[-5000:]
+
+    with deployment.instance() as instance:
+        runs = instance.get_runs(RunsFilter(job_name=JOB, tags={PARTITION_TAG: BACKFILL}))
+        assert sorted(run.tags[PARTITION_TAG] for run in runs) == BACKFILL
+        assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
+        placements = [
+            placement for run in runs for placement in _step_workers(instance, run.run_id).items()
+        ]
+        stored = [
+            serialize_value(record) for run in runs for record in instance.all_logs(run.run_id)
+        ] + [
+            json.dumps(run.run_config) + serialize_value(instance.get_job_snapshot(
+                run.job_snapshot_id)) for run in runs
+        ]
+    per_worker = {name: sum(1 for _, host in placements if host == worker.hostname)
+                  for name, worker in deployment.workers.items()}
+    print(f"backfill of {len(BACKFILL)} partitions on celery: {elapsed:.1f} s; "
+          f"steps per worker: {per_worker}")
+    assert len(placements) == 3 * len(BACKFILL)
+    assert all(count > 0 for count in per_worker.values()), per_worker
+
+    reference = code_location_for(
+        pg_warehouse_url, standin_server, tmp_path, [cbr_daily_rates.SOURCE]
+    ).resolve_job_def(JOB)
+    with DagsterInstance.ephemeral() as ephemeral:
+        for partition in BACKFILL:
+            assert reference.execute_in_process(partition_key=partition, instance=ephemeral).success
+    assert _business_rows(deployment.warehouse_url) == _business_rows(pg_warehouse_url)
+    assert len(_business_rows(pg_warehouse_url)) == 12 * len(BACKFILL)
+
+    texts = stored + deployment.outputs + [w.log() for w in deployment.workers.values()]
+    for secret in deployment.secrets:
+        assert not any(secret in text for text in texts)
+
+
+def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
+    deployment, standin, standin_server, postgres, pg_warehouse_url, tmp_path
+):
+    # Hold the partition's business lock, so that the load stops inside its transaction.
+    table_key, partition_key = partition_lock_keys("cbr_daily_rates", KILLED_PARTITION)
+    holder = psycopg.connect(postgres.dsn(deployment.warehouse_url.rsplit("/", 1)[1]),
+                             autocommit=True)
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", (table_key, partition_key))
+        process = deployment.start_run(
+            *CBR_JOB, **{PARTITION_TAG: KILLED_PARTITION, "mostovik/test": "worker-killed"}
+        )
+        assert _wait_for_a_load_waiting_on_the_lock(holder), "the load never reached its lock"
+        with deployment.instance() as instance:
+            (run,) = instance.get_runs(RunsFilter(tags={"mostovik/test": "worker-killed"}))
+            hostname = _step_workers(instance, run.run_id)["load_cbr_daily_rates"]
+        victim = next(w for w in deployment.workers.values() if w.hostname == hostname)
+        victim.kill()
+        killed_at = time.monotonic()
+    finally:
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        holder.close()
+
+    assert deployment.finish(process, timeout=120) != 0
+    failed_after = time.monotonic() - killed_at
+    print(f"run failed {failed_after:.1f} s after {victim.name} was killed")
+    with deployment.instance() as instance:
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed.status == DagsterRunStatus.FAILURE
+        failure = next(
+            record for record in instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
+        )
+    assert "was lost" in serialize_value(failure)
+    assert [r for r in table_rows(deployment.warehouse_url, "cbr_daily_rates")
+            if str(r["partition_date"]) == KILLED_PARTITION] == []
+
+    # Recovery: a replacement worker joins, and a plain re-run of the partition completes.
+    deployment.start_worker("worker-c").wait_ready()
+    rerun = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: KILLED_PARTITION})
+    assert deployment.finish(rerun) == 0, deployment.outputs[-1][-3000:]
+
+    reference = code_location_for(
+        pg_warehouse_url, standin_server, tmp_path, [cbr_daily_rates.SOURCE]
+    ).resolve_job_def(JOB)
+    with DagsterInstance.ephemeral() as ephemeral:
+        assert reference.execute_in_process(
+            partition_key=KILLED_PARTITION, instance=ephemeral
+        ).success
+    loaded = [r for r in _business_rows(deployment.warehouse_url)
+              if str(r["partition_date"]) == KILLED_PARTITION]
+    assert len(loaded) == 12
+    assert loaded == _business_rows(pg_warehouse_url)
+
+
+def _business_rows(url: str) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in BOOKKEEPING}
+            for row in table_rows(url, "cbr_daily_rates")]
+
+
+def _step_workers(instance: DagsterInstance, run_id: str) -> dict[str, str]:
+    """Step key -> the Celery worker that ran it, from dagster-celery's engine events."""
+    placements = {}
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        data = record.dagster_event.engine_event_data
+        worker = data.metadata.get("Celery worker") if data else None
+        if worker is not None:
+            placements[record.step_key] = worker.value
+    return placements
+
+
+def _submitted_task_ids(instance: DagsterInstance, run_id: str) -> dict[str, str]:
+    """Step key -> its Celery task id, as recorded by the executor when it submitted the step."""
+    submitted = {}
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        data = record.dagster_event.engine_event_data
+        task_id = data.metadata.get("celery_task_id") if data else None
+        if task_id is not None:
+            submitted[record.step_key] = task_id.value
+    return submitted
+
+
+def _wait_for_a_load_waiting_on_the_lock(holder: psycopg.Connection, timeout: float = 90) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = holder.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()"
+        ).fetchone()
+        if row:
+            return True
+        time.sleep(0.1)
+    return False
