@@ -44,8 +44,15 @@ from dagster import (
 
 from mostovik_pipelines.etl.errors import PermanentError
 from mostovik_pipelines.etl.loading import load_partition
+from mostovik_pipelines.etl.locking import RunClaim, record_step_process, wait_for_older_runs
 from mostovik_pipelines.etl.quarantine import replace_quarantine
-from mostovik_pipelines.etl.retries import NO_RETRY, RetryPolicy, StepContext, retry_or_fail
+from mostovik_pipelines.etl.retries import (
+    NO_RETRY,
+    RetryPolicy,
+    StepContext,
+    retry_or_fail,
+    run_with_retries,
+)
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
     PartitionNotAvailable,
@@ -155,8 +162,15 @@ def _extract_op(spec: SourceSpec):
         required_resource_keys={resource_key, LANDING_KEY},
     )
     def extract(context: OpExecutionContext, config: ExtractConfig) -> dict:
+        record_step_process(context.instance, context.run_id)
         landing = getattr(context.resources, LANDING_KEY)
         keys = context.partition_keys
+        other_runs = _runs_to_give_way_to(context, spec, keys)
+        if other_runs:
+            reason = (f"stopped: run(s) {', '.join(other_runs)} of the same partition(s) "
+                      "in progress; nothing loaded by this run")
+            context.log.warning(f"{spec.name}: {reason}")
+            return {key: PartitionSkipped(key, reason) for key in keys}
         outcomes: dict[str, LandedPayload | PartitionFailure] = {}
         for key in keys:
             step = StepContext(spec.name, key, "extract")
@@ -189,6 +203,20 @@ def _extract_op(spec: SourceSpec):
     return extract
 
 
+def _runs_to_give_way_to(context: OpExecutionContext, spec: SourceSpec, keys) -> list[str]:
+    """Apply the source's concurrent-run policy; the ids of the runs to stop for, if any."""
+    claim = RunClaim(context.run_id, f"{spec.name}_job", AssetKey(spec.name), frozenset(keys))
+    scope = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
+    older = run_with_retries(
+        context, StepContext(spec.name, scope, "extract"), NO_RETRY,
+        lambda: wait_for_older_runs(
+            context.instance, claim, spec.partitions_def, spec.on_concurrent_run,
+            spec.concurrent_run_wait_seconds, context.log.info,
+        ),
+    )
+    return [run.run_id for run in older]
+
+
 def _transform_op(spec: SourceSpec):
     @op(
         name=f"transform_{spec.name}",
@@ -196,6 +224,7 @@ def _transform_op(spec: SourceSpec):
         required_resource_keys={LANDING_KEY},
     )
     def transform(context: OpExecutionContext, extracted: dict) -> dict:
+        record_step_process(context.instance, context.run_id)
         landing = getattr(context.resources, LANDING_KEY)
         outcomes: dict[str, TransformedPartition | PartitionSkipped | PartitionFailure] = {}
         for key, landed in extracted.items():
@@ -241,6 +270,7 @@ def _load_op(spec: SourceSpec):
         out=Out(is_required=False),
     )
     def load(context: OpExecutionContext, transformed: dict):
+        record_step_process(context.instance, context.run_id)
         engine = getattr(context.resources, WAREHOUSE_KEY).engine()
         already_loaded = _partitions_materialized_by_run(context, asset_key)
         skipped = [o for o in transformed.values() if isinstance(o, PartitionSkipped)]
@@ -273,7 +303,7 @@ def _load_op(spec: SourceSpec):
             ))
         if skipped or failed:
             context.log_event(AssetObservation(asset_key=asset_key, metadata={
-                "mostovik/not_available": MetadataValue.json(
+                "mostovik/skipped": MetadataValue.json(
                     {o.partition_key: o.reason for o in skipped}),
                 "mostovik/failed": MetadataValue.json(
                     {o.partition_key: o.message for o in failed}),

@@ -17,6 +17,7 @@ from dagster import BackfillPolicy, ConfigurableResource, PartitionsDefinition
 from sqlalchemy import Table
 
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
+from mostovik_pipelines.etl.locking import ConcurrentRunPolicy
 from mostovik_pipelines.etl.retries import RetryPolicy
 
 
@@ -120,6 +121,9 @@ class SourceSpec:
     )
     """How many partitions one run may take: a backfill of many small partitions should not pay
     a run's start-up cost for each one."""
+    on_concurrent_run: ConcurrentRunPolicy = ConcurrentRunPolicy.WAIT
+    """What a run does when an older run of the same partition is in progress (see locking)."""
+    concurrent_run_wait_seconds: float = 15 * 60
     max_runtime_seconds: int = 15 * 60
     """A run taking longer is hung: run monitoring fails it and ``jobs list --stuck`` shows it."""
 

@@ -11,6 +11,8 @@ TAG_PREFIX = "mostovik/"
 SOURCE_TAG = f"{TAG_PREFIX}source"
 JOB_TYPE_TAG = f"{TAG_PREFIX}job_type"
 PARTITION_TAG = "dagster/partition"
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
 def business_tags(spec: SourceSpec) -> dict[str, str]:

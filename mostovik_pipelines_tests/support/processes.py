@@ -1,0 +1,57 @@
+"""Dagster runs in processes of their own, as `dagster job execute` starts them in CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dagster import DagsterInstance
+
+REPO = Path(__file__).resolve().parents[2]
+DAGSTER = str(Path(sys.executable).parent / "dagster")
+
+
+def local_dagster_home(work_dir: Path) -> Path:
+    """A DAGSTER_HOME with the repository's local dagster.yaml, its storage under ``work_dir``,
+    initialised once here so that processes started together do not race to create it."""
+    home = work_dir / "dagster_home"
+    if not (home / "dagster.yaml").exists():
+        home.mkdir(exist_ok=True)
+        config = (REPO / "dagster.yaml").read_text()
+        (home / "dagster.yaml").write_text(
+            config.replace(".mostovik/dagster", str(work_dir / "dagster"))
+        )
+        DagsterInstance.from_config(str(home)).dispose()
+    return home
+
+
+def run_environment(work_dir: Path, warehouse_url: str, cbr_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(local_dagster_home(work_dir)),
+        "MOSTOVIK_DATABASE_URL": warehouse_url,
+        "MOSTOVIK_CBR_URL": cbr_url,
+        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
+    }
+
+
+def start_job_execute(partition: str, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """`dagster job execute` of the CBR job for one partition, started, not waited for."""
+    return subprocess.Popen(
+        [DAGSTER, "job", "execute", "-m", "mostovik_pipelines", "-j", "cbr_daily_rates_job",
+         "--tags", json.dumps({"dagster/partition": partition})],
+        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def start_range_materialize(start: str, end: str, env: dict[str, str],
+                            cwd: Path) -> subprocess.Popen:
+    """A single-run backfill of a partition range, as `dagster asset materialize` runs it."""
+    return subprocess.Popen(
+        [DAGSTER, "asset", "materialize", "-m", "mostovik_pipelines", "--select",
+         "cbr_daily_rates", "--partition-range", f"{start}...{end}"],
+        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
