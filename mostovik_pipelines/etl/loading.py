@@ -10,25 +10,60 @@ Steps, all in one transaction so that a failure at any point leaves the partitio
 
 Merge-by-version mode skips step 5 and lets a row win only with a newer version; deletions in
 that mode arrive as tombstone rows (a flag column of the source), never by absence.
+
+On PostgreSQL two shortcuts keep large partitions cheap without changing what a load does:
+
+* before staging, the partition's stored rows are read back (``COPY ... TO STDOUT``) and
+  compared with the frame in Arrow; a row whose every value reads back equal is unchanged and is
+  not staged at all, so a re-load of identical data sends nothing back. Only rows that may differ
+  go through the staged SQL above, which decides exactly (``IS DISTINCT FROM``, version guard).
+  Merge-by-version reads back only keys and versions: a row that is not newer never wins anyway.
+* when the partition holds no rows yet, the frame is copied straight into the table under a
+  savepoint; if any natural key already exists elsewhere the savepoint is rolled back and the
+  staged path runs instead.
+
+Rows are serialised for ``COPY`` by Arrow's CSV writer, a chunk at a time, so memory stays
+bounded by the frame plus one chunk.
 """
 
 from __future__ import annotations
 
 import enum
+import io
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pandas as pd
-from sqlalchemy import Column, Connection, Date, DateTime, Engine, MetaData, String, Table, text
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Date,
+    DateTime,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    text,
+)
 from sqlalchemy.sql.expression import bindparam
 
 from mostovik_pipelines.etl import loading_sql
 from mostovik_pipelines.etl.locking import lock_partition
-from mostovik_pipelines.warehouse.schema import data_columns
+from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS, data_columns
 
 COPY_CHUNK_ROWS = 50_000
+"""Rows serialised per ``COPY`` write (and per bulk insert on SQLite)."""
 
 
 class LoadMode(enum.StrEnum):
@@ -83,37 +118,75 @@ def load_partition(
     engine: Engine, target: LoadTarget, frame: pd.DataFrame, partition_key: str, run_id: str
 ) -> LoadCounts:
     """Make ``target`` hold exactly ``frame`` for the partition, in one transaction."""
-    columns = target.columns
-    now = datetime.now(UTC)
+    frame = frame[target.columns]
+    bookkeeping = {"run_id": run_id, "now": datetime.now(UTC)}
     with engine.begin() as connection:
         lock_partition(connection, target.table.name, partition_key)
-        stage = _create_stage(connection, target.table, columns)
-        staged = _copy_into_stage(connection, stage, frame[columns])
-        dialect = connection.dialect
-        params = {"run_id": run_id, "now": now}
-        updated = _execute(connection, loading_sql.update_changed_rows(
-            dialect, target.table, stage, target.natural_key, columns, target.version_column
-        ), params)
-        inserted = _execute(connection, loading_sql.insert_new_rows(
-            dialect, target.table, stage, target.natural_key, columns
-        ), params)
-        deleted = 0
-        if target.mode is LoadMode.REPLACE_PARTITION:
-            partition_column = target.table.c[target.partition_column]
-            deleted = _execute(connection, loading_sql.delete_vanished_rows(
-                dialect, target.table, stage, target.natural_key, target.partition_column
-            ), {"partition_value": target.partition_value(partition_key)},
-                partition_type=partition_column.type)
-        connection.exec_driver_sql(f"DROP TABLE {_quote(connection, stage.name)}")
+        if connection.dialect.name == "postgresql":
+            return _load_postgresql(connection, target, frame, partition_key, bookkeeping)
+        stage = _create_stage(connection, target.table, target.columns)
+        _insert_into_stage(connection, stage, frame)
+        return _merge_stage(connection, target, stage, len(frame), partition_key, bookkeeping)
+
+
+def _load_postgresql(connection: Connection, target: LoadTarget, frame: pd.DataFrame,
+                     partition_key: str, bookkeeping: dict[str, Any]) -> LoadCounts:
+    rows = _arrow_rows(frame)
+    partition_value = target.partition_value(partition_key)
+    comparable = _comparable_key(target, rows)
+    stored = _read_back(connection, target, rows, partition_value) if comparable else None
+    if stored is not None and stored.num_rows == 0 and _copy_into_empty_partition(
+        connection, target.table, _in_key_order(rows, target.natural_key), bookkeeping
+    ):
+        return LoadCounts(inserted=rows.num_rows, updated=0, unchanged=0, deleted=0)
+
+    if stored is None:
+        pending, vanished = rows, None
+    else:
+        maybe_changed, vanished_rows = _compare(target, rows, stored)
+        pending, vanished = rows.filter(maybe_changed), stored.filter(vanished_rows)
+    stage = _create_stage(connection, target.table, target.columns)
+    _copy(connection, stage.name, _in_key_order(pending, target.natural_key))
+    connection.exec_driver_sql(f"ANALYZE {_quote(connection, stage.name)}")
+    counts = _merge_stage(connection, target, stage, pending.num_rows, partition_key,
+                          bookkeeping, delete_vanished=vanished is None)
+    deleted = counts.deleted
+    if vanished is not None and vanished.num_rows:
+        deleted = _delete_listed(connection, target, vanished, partition_value)
+    return LoadCounts(inserted=counts.inserted, updated=counts.updated,
+                      unchanged=rows.num_rows - counts.inserted - counts.updated, deleted=deleted)
+
+
+def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, staged: int,
+                 partition_key: str, bookkeeping: dict[str, Any], *,
+                 delete_vanished: bool = True) -> LoadCounts:
+    """Steps 3-5 against a filled stage; the stage is dropped afterwards."""
+    columns = target.columns
+    dialect = connection.dialect
+    updated = _execute(connection, loading_sql.update_changed_rows(
+        dialect, target.table, stage, target.natural_key, columns, target.version_column
+    ), bookkeeping)
+    inserted = _execute(connection, loading_sql.insert_new_rows(
+        dialect, target.table, stage, target.natural_key, columns
+    ), bookkeeping)
+    deleted = 0
+    if delete_vanished and target.mode is LoadMode.REPLACE_PARTITION:
+        partition_column = target.table.c[target.partition_column]
+        deleted = _execute(connection, loading_sql.delete_vanished_rows(
+            dialect, target.table, stage, target.natural_key, target.partition_column
+        ), {"partition_value": target.partition_value(partition_key)},
+            partition_type=partition_column.type)
+    connection.exec_driver_sql(f"DROP TABLE {_quote(connection, stage.name)}")
     return LoadCounts(
         inserted=inserted, updated=updated, unchanged=staged - inserted - updated, deleted=deleted
     )
 
 
-def _create_stage(connection: Connection, table: Table, columns: Sequence[str]) -> Table:
-    """A temporary table with the target's data columns and types, private to this session."""
+def _create_stage(connection: Connection, table: Table, columns: Sequence[str],
+                  prefix: str = "stage") -> Table:
+    """A temporary table with the given columns of ``table``, private to this session."""
     stage = Table(
-        f"stage_{table.name}",
+        f"{prefix}_{table.name}",
         MetaData(),
         *(Column(c, table.c[c].type) for c in columns),
         prefixes=["TEMPORARY"],
@@ -123,27 +196,203 @@ def _create_stage(connection: Connection, table: Table, columns: Sequence[str]) 
     return stage
 
 
-def _copy_into_stage(connection: Connection, stage: Table, frame: pd.DataFrame) -> int:
-    """Stage every row: ``COPY`` on PostgreSQL, a bulk insert elsewhere. Returns the row count."""
-    if connection.dialect.name == "postgresql":
-        cursor = connection.connection.driver_connection.cursor()
-        column_list = ", ".join(_quote(connection, c) for c in frame.columns)
-        quoted_stage = _quote(connection, stage.name)
-        with cursor.copy(f"COPY {quoted_stage} ({column_list}) FROM STDIN") as copy:
-            for row in _rows(frame):
-                copy.write_row(row)
-        connection.exec_driver_sql(f"ANALYZE {quoted_stage}")
+# --- PostgreSQL: COPY in and out through Arrow ------------------------------------------------
+
+
+def _arrow_rows(frame: pd.DataFrame) -> pa.Table:
+    """The frame as Arrow columns. ``Decimal`` values become their own text: Arrow would pad
+    them all to one scale, and ``NUMERIC`` keeps the scale it is given."""
+    columns = {}
+    for name in frame.columns:
+        series = frame[name]
+        if series.dtype == object and isinstance(_first_value(series), Decimal):
+            columns[name] = pa.array([None if pd.isna(v) else str(v) for v in series],
+                                     pa.string())
+        else:
+            columns[name] = pa.array(series, from_pandas=True)
+    return pa.table(columns)
+
+
+def _first_value(series: pd.Series) -> Any:
+    return next((v for v in series if not pd.isna(v)), None)
+
+
+def _copy(connection: Connection, table_name: str, rows: pa.Table,
+          constants: dict[str, str] | None = None) -> None:
+    """``COPY`` the rows (plus constant columns) into a table, one CSV chunk at a time."""
+    constants = constants or {}
+    statement = loading_sql.copy_into(connection.dialect, table_name,
+                                      [*rows.column_names, *constants])
+    cursor = connection.connection.driver_connection.cursor()
+    with cursor.copy(statement) as copy:
+        for chunk in _chunks(rows, constants):
+            copy.write(chunk)
+
+
+def _chunks(rows: pa.Table, constants: dict[str, str]) -> Iterator[bytes]:
+    """CSV as PostgreSQL reads it: strings always quoted, so an unquoted empty field is NULL
+    and ``""`` is the empty string; tabs, newlines, backslashes and quotes are plain data."""
+    options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
+    for start in range(0, rows.num_rows, COPY_CHUNK_ROWS):
+        chunk = rows.slice(start, COPY_CHUNK_ROWS)
+        for name, value in constants.items():
+            chunk = chunk.append_column(name, pa.repeat(pa.scalar(value), chunk.num_rows))
+        buffer = io.BytesIO()
+        pa_csv.write_csv(chunk, buffer, options)
+        yield buffer.getbuffer()
+
+
+def _in_key_order(rows: pa.Table, natural_key: Sequence[str]) -> pa.Table:
+    """The rows sorted by natural key: the key's index then grows at its right edge instead of
+    splitting pages all over (twice as fast for a million rows)."""
+    return rows.take(pc.sort_indices(rows, [(name, "ascending") for name in natural_key]))
+
+
+def _copy_into_empty_partition(connection: Connection, table: Table, rows: pa.Table,
+                               bookkeeping: dict[str, Any]) -> bool:
+    """Copy straight into the table; False (and nothing written) if a natural key exists."""
+    now = bookkeeping["now"].isoformat()
+    constants = dict(zip(BOOKKEEPING_COLUMNS,
+                         (bookkeeping["run_id"], now, bookkeeping["run_id"], now), strict=True))
+    try:
+        with connection.begin_nested():
+            _copy(connection, table.name, rows, constants)
+    except psycopg.errors.UniqueViolation:
+        return False
+    return True
+
+
+# Column types whose text PostgreSQL prints in exactly one way, so text equality is value
+# equality: safe to match natural keys by, and to parse back into Arrow's own types.
+_ARROW_TYPES = {Integer: pa.int64(), Float: pa.float64(), Date: pa.date32(), Boolean: pa.bool_()}
+
+
+def _arrow_type(table: Table, name: str, frame_type: pa.DataType) -> pa.DataType | None:
+    """The Arrow type to compare a column in, or None to compare it as text."""
+    sql_type = table.c[name].type
+    for sql_class, arrow_type in _ARROW_TYPES.items():
+        if isinstance(sql_type, sql_class) and frame_type.equals(arrow_type):
+            return arrow_type
+    return None
+
+
+def _comparable_key(target: LoadTarget, rows: pa.Table) -> bool:
+    """Whether natural keys can be matched in Arrow exactly as the database matches them."""
+    for name in target.natural_key:
+        frame_type = rows.schema.field(name).type
+        if not (_arrow_type(target.table, name, frame_type) is not None or (
+            isinstance(target.table.c[name].type, String) and _is_text(frame_type)
+        )):
+            return False
+    return True
+
+
+def _is_text(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def _read_back(connection: Connection, target: LoadTarget, rows: pa.Table,
+               partition_value: Any) -> pa.Table:
+    """The partition's stored rows: every data column in replace-partition mode, natural key and
+    version in merge-by-version mode. Values come back as the text PostgreSQL prints (ISO dates,
+    shortest exact floats), parsed into Arrow's type where that type prints one way only."""
+    if target.mode is LoadMode.MERGE_BY_VERSION and target.version_column:
+        columns = [*target.natural_key, target.version_column]
     else:
-        for start in range(0, len(frame), COPY_CHUNK_ROWS):
-            chunk = frame.iloc[start:start + COPY_CHUNK_ROWS]
-            records = [dict(zip(chunk.columns, row, strict=True)) for row in _rows(chunk)]
-            if records:
-                connection.execute(stage.insert(), records)
-    return len(frame)
+        columns = list(rows.column_names)
+    types = {name: _arrow_type(target.table, name, rows.schema.field(name).type) or pa.string()
+             for name in columns}
+    connection.execute(text(loading_sql.set_canonical_output()))
+    cursor = connection.connection.driver_connection.cursor()
+    statement = loading_sql.copy_partition_out(
+        connection.dialect, target.table, columns, target.partition_column
+    )
+    received = io.BytesIO()
+    with cursor.copy(statement, (partition_value,)) as copy:
+        for block in copy:
+            received.write(block)
+    if not received.tell():
+        return pa.schema(types).empty_table()
+    return pa_csv.read_csv(
+        pa.BufferReader(received.getbuffer()),
+        read_options=pa_csv.ReadOptions(column_names=columns, block_size=8 << 20),
+        parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+        convert_options=pa_csv.ConvertOptions(
+            column_types=types, null_values=[""], strings_can_be_null=True,
+            quoted_strings_can_be_null=False, true_values=["t"], false_values=["f"],
+        ),
+    )
 
 
-def _quote(connection: Connection, name: str) -> str:
-    return connection.dialect.identifier_preparer.quote(name)
+def _compare(target: LoadTarget, rows: pa.Table, stored: pa.Table
+             ) -> tuple[pa.Array, pa.Array]:
+    """Which frame rows may differ from what is stored (those are staged), and which stored rows
+    the frame no longer has. A row counts as unchanged only if every read-back value equals the
+    frame's; anything uncertain is staged, and the SQL decides."""
+    position = pc.index_in(_key_text(rows, target.natural_key),
+                           value_set=_key_text(stored, target.natural_key))
+    found = pc.is_valid(position)
+    stored_at = pc.drop_null(position)
+    unchanged = np.ones(len(stored_at), dtype=bool)
+    candidates = rows if len(stored_at) == rows.num_rows else rows.filter(found)
+    for name in stored.column_names:
+        if name in target.natural_key:
+            continue
+        mine, theirs = candidates.column(name), stored.column(name).take(stored_at)
+        if name == target.version_column:
+            # Merge-by-version: only a newer version can win, so an equal or older one is
+            # unchanged whatever its data.
+            equal = pc.less_equal(mine.cast(theirs.type), theirs)
+        else:
+            equal = _equal(mine if mine.type.equals(theirs.type) else mine.cast(pa.string()),
+                           theirs)
+        unchanged &= pc.fill_null(equal, False).to_numpy(zero_copy_only=False)
+    maybe_changed = np.ones(rows.num_rows, dtype=bool)
+    maybe_changed[np.flatnonzero(found.to_numpy(zero_copy_only=False))[unchanged]] = False
+    vanished = np.zeros(stored.num_rows, dtype=bool)
+    if target.mode is LoadMode.REPLACE_PARTITION and len(stored_at) < stored.num_rows:
+        vanished[:] = True
+        vanished[stored_at.to_numpy(zero_copy_only=False)] = False
+    return pa.array(maybe_changed), pa.array(vanished)
+
+
+def _equal(mine: Any, theirs: Any) -> Any:
+    """Equality in which two missing values are equal."""
+    both_missing = pc.and_(pc.is_null(mine), pc.is_null(theirs))
+    return pc.or_kleene(pc.fill_null(pc.equal(mine, theirs), False), both_missing)
+
+
+def _key_text(rows: pa.Table, natural_key: Sequence[str]) -> pa.Array:
+    """One value per row that is equal exactly when the natural keys are. Key parts are joined
+    with NUL, a character PostgreSQL text can never hold."""
+    parts = [pc.cast(rows.column(name), pa.string()) for name in natural_key]
+    if len(parts) == 1:
+        return parts[0].combine_chunks()
+    return pc.binary_join_element_wise(*parts, "\x00").combine_chunks()
+
+
+def _delete_listed(connection: Connection, target: LoadTarget, vanished: pa.Table,
+                   partition_value: Any) -> int:
+    """Delete the partition's rows whose natural keys are listed (read back, no longer sent)."""
+    keys = _create_stage(connection, target.table, target.natural_key, prefix="vanished")
+    _copy(connection, keys.name, vanished.select(list(target.natural_key)))
+    partition_type = target.table.c[target.partition_column].type
+    deleted = _execute(connection, loading_sql.delete_listed_rows(
+        connection.dialect, target.table, keys, target.natural_key, target.partition_column
+    ), {"partition_value": partition_value}, partition_type=partition_type)
+    connection.exec_driver_sql(f"DROP TABLE {_quote(connection, keys.name)}")
+    return deleted
+
+
+# --- elsewhere (SQLite): a bulk insert into the stage -----------------------------------------
+
+
+def _insert_into_stage(connection: Connection, stage: Table, frame: pd.DataFrame) -> None:
+    for start in range(0, len(frame), COPY_CHUNK_ROWS):
+        chunk = frame.iloc[start:start + COPY_CHUNK_ROWS]
+        records = [dict(zip(chunk.columns, row, strict=True)) for row in _rows(chunk)]
+        if records:
+            connection.execute(stage.insert(), records)
 
 
 def _rows(frame: pd.DataFrame) -> Iterator[tuple]:
@@ -152,6 +401,10 @@ def _rows(frame: pd.DataFrame) -> Iterator[tuple]:
         name: frame[name].astype(object).where(frame[name].notna(), None) for name in frame.columns
     }
     return zip(*converted.values(), strict=True)
+
+
+def _quote(connection: Connection, name: str) -> str:
+    return connection.dialect.identifier_preparer.quote(name)
 
 
 def _execute(connection: Connection, sql: str, params: dict[str, Any], *,

@@ -73,3 +73,43 @@ def delete_vanished_rows(
         f"DELETE FROM {t} WHERE {t}.{_q(dialect, partition_column)} = :partition_value "
         f"AND NOT EXISTS (SELECT 1 FROM {s} WHERE {_key_match(dialect, t, s, natural_key)})"
     )
+
+
+def delete_listed_rows(
+    dialect: Dialect, table: Table, listed: Table, natural_key: Sequence[str],
+    partition_column: str,
+) -> str:
+    """Delete the partition's rows whose natural keys ``listed`` holds (replace-partition only:
+    the keys were read back from the partition and the source no longer sends them)."""
+    t, k = _q(dialect, table.name), _q(dialect, listed.name)
+    return (
+        f"DELETE FROM {t} USING {k} WHERE {t}.{_q(dialect, partition_column)} = :partition_value "
+        f"AND {_key_match(dialect, t, k, natural_key)}"
+    )
+
+
+def set_canonical_output() -> str:
+    """PostgreSQL only, for this transaction: dates print as ISO and floats as the shortest text
+    that reads back exactly, whatever the server's defaults, so read-back values compare."""
+    return (
+        "SELECT set_config('datestyle', 'ISO, YMD', true), "
+        "set_config('extra_float_digits', '1', true)"
+    )
+
+
+def copy_partition_out(
+    dialect: Dialect, table: Table, columns: Sequence[str], partition_column: str
+) -> str:
+    """PostgreSQL only: the partition's rows as CSV; ``%s`` is the partition value, bound by the
+    driver (``COPY`` takes no server-side parameters)."""
+    selected = ", ".join(_q(dialect, c) for c in columns)
+    return (
+        f"COPY (SELECT {selected} FROM {_q(dialect, table.name)} "
+        f"WHERE {_q(dialect, partition_column)} = %s) TO STDOUT (FORMAT csv)"
+    )
+
+
+def copy_into(dialect: Dialect, table_name: str, columns: Sequence[str]) -> str:
+    """PostgreSQL only: rows as CSV (an unquoted empty field is NULL, ``""`` the empty string)."""
+    column_list = ", ".join(_q(dialect, c) for c in columns)
+    return f"COPY {_q(dialect, table_name)} ({column_list}) FROM STDIN (FORMAT csv)"

@@ -1,0 +1,1 @@
+"""Benchmarks of the loader and the orchestration path (``make bench``; see README.md)."""
