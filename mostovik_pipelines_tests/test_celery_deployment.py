@@ -28,7 +28,12 @@ from mostovik_pipelines.execution import current_celery_task_id
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB, code_location_for
-from mostovik_pipelines_tests.support.celery_workers import TASK_ID_PREFIX, CeleryWorker
+from mostovik_pipelines_tests.support.celery_workers import (
+    TASK_ID_PREFIX,
+    CeleryWorker,
+    celery_command,
+    celery_environment,
+)
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.warehouse import table_rows
@@ -39,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 JOB = "cbr_daily_rates_job"
 CBR_JOB = ("-m", "mostovik_pipelines", "-j", JOB)
 PARTITION_TAG = "dagster/partition"
+CASE_TAG = "mostovik_test/case"
 BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04", "2026-11-05", "2026-11-06"]
 KILLED_PARTITION = "2026-11-09"
 BOOKKEEPING = {"loaded_by_run", "loaded_at", "changed_by_run", "changed_at"}
@@ -75,6 +81,35 @@ class Deployment:
         output, _ = process.communicate(timeout=timeout)
         self.outputs.append(output)
         return process.returncode
+
+    def celery(self, *args: str) -> str:
+        """``deploy/bin/mostovik-celery *args``, as an operator runs it."""
+        completed = subprocess.run(
+            celery_command(*args), env=celery_environment(self.environment), cwd=self.work_dir,
+            capture_output=True, text=True, timeout=60,
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        return completed.stdout
+
+    def probe(self, case: str) -> subprocess.Popen:
+        """A run of the one-step probe job that logs its Celery task id."""
+        return self.start_run("-m", "mostovik_pipelines_tests.support.celery_workers",
+                              "-a", "celery_probe_defs", "-j", "celery_probe_job",
+                              **{CASE_TAG: case})
+
+    def probe_task_ids(self, case: str) -> list[str]:
+        """The task ids the probe runs of ``case`` logged, checked against the executor's record."""
+        reported = []
+        with self.instance() as instance:
+            for run in instance.get_runs(RunsFilter(tags={CASE_TAG: case})):
+                messages = [record.user_message for record in instance.all_logs(run.run_id)]
+                (task_id,) = [m.split(TASK_ID_PREFIX, 1)[1] for m in messages
+                              if TASK_ID_PREFIX in m]
+                assert _submitted_task_ids(instance, run.run_id) == {
+                    "report_celery_task": task_id
+                }
+                reported.append(task_id)
+        return reported
 
     @contextmanager
     def instance(self) -> Iterator[DagsterInstance]:
@@ -147,21 +182,29 @@ def deployment(
 def test_a_step_on_a_worker_knows_its_celery_task_id(deployment):
     assert current_celery_task_id() is None
 
-    process = deployment.start_run(
-        "-m", "mostovik_pipelines_tests.support.celery_workers",
-        "-a", "celery_probe_defs", "-j", "celery_probe_job",
-    )
+    process = deployment.probe("task-id")
     assert deployment.finish(process) == 0, deployment.outputs[-1][-3000:]
 
-    with deployment.instance() as instance:
-        (run,) = instance.get_runs(RunsFilter(job_name="celery_probe_job"))
-        messages = [record.user_message for record in instance.all_logs(run.run_id)]
-        submitted = _submitted_task_ids(instance, run.run_id)
-    reported = [m.split(TASK_ID_PREFIX, 1)[1] for m in messages if TASK_ID_PREFIX in m]
-    assert len(reported) == 1 and reported[0] != "None"
-    assert submitted == {"report_celery_task": reported[0]}
-    assert any(reported[0] in worker.succeeded_task_ids()
-               for worker in deployment.workers.values())
+    (task_id,) = deployment.probe_task_ids("task-id")
+    assert task_id != "None"
+    assert any(task_id in worker.succeeded_task_ids() for worker in deployment.workers.values())
+
+
+def test_a_drained_worker_takes_no_new_steps(deployment):
+    drained, serving = deployment.workers["worker-a"], deployment.workers["worker-b"]
+    deployment.celery("control", "cancel_consumer", "dagster", "--destination", drained.hostname)
+    try:
+        processes = [deployment.probe("drained") for _ in range(3)]
+        assert [deployment.finish(process) for process in processes] == [0, 0, 0]
+    finally:
+        deployment.celery("control", "add_consumer", "dagster", "--destination",
+                          drained.hostname)
+
+    task_ids = deployment.probe_task_ids("drained")
+    assert len(task_ids) == 3
+    assert set(task_ids) <= set(serving.succeeded_task_ids())
+    assert not set(task_ids) & set(drained.succeeded_task_ids())
+    assert drained.hostname in deployment.celery("inspect", "ping")
 
 
 def test_a_backfill_spreads_over_two_workers_and_equals_the_in_process_result(
@@ -218,12 +261,12 @@ def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
     try:
         holder.execute("SELECT pg_advisory_lock(%s, %s)", (table_key, partition_key))
         process = deployment.start_run(
-            *CBR_JOB, **{PARTITION_TAG: KILLED_PARTITION, "mostovik/test": "worker-killed"}
+            *CBR_JOB, **{PARTITION_TAG: KILLED_PARTITION, CASE_TAG: "worker-killed"}
         )
         assert _wait_for_a_load_waiting_on_the_lock(holder), "the load never reached its lock"
         with deployment.instance() as instance:
-            (run,) = instance.get_runs(RunsFilter(tags={"mostovik/test": "worker-killed"}))
-            hostname = _step_workers(instance, run.run_id)["load_cbr_daily_rates"]
+            (run,) = instance.get_runs(RunsFilter(tags={CASE_TAG: "worker-killed"}))
+            hostname = _step_workers(instance, run.run_id)["cbr_daily_rates.load_cbr_daily_rates"]
         victim = next(w for w in deployment.workers.values() if w.hostname == hostname)
         victim.kill()
         killed_at = time.monotonic()

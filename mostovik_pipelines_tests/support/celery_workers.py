@@ -1,7 +1,8 @@
 """Celery worker processes for the deployment tests, started the way deploy/ starts them, and a
 one-op probe job that reports the Celery task id of the step it runs in.
 
-Each worker is ``celery -A dagster_celery.app worker`` in a session of its own, so that
+Each worker is ``deploy/bin/mostovik-celery worker`` (``celery -A dagster_celery.app worker``
+with ``deploy/celery`` on the path) in a session of its own, so that
 :meth:`CeleryWorker.kill` can take the whole worker (main process and pool children) down at once,
 as a lost machine would, and :meth:`CeleryWorker.stop` never leaves a child behind.
 """
@@ -25,8 +26,19 @@ from mostovik_pipelines.execution import current_celery_task_id, executor_from_e
 from mostovik_pipelines.settings import data_dir, setting
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER_CONFIG_DIR = REPO / "deploy" / "celery"
+MOSTOVIK_CELERY = REPO / "deploy" / "bin" / "mostovik-celery"
 TASK_ID_PREFIX = "running as celery task "
+
+
+def celery_command(*args: str) -> list[str]:
+    """``deploy/bin/mostovik-celery *args``: what the systemd unit and the runbook run."""
+    return [str(MOSTOVIK_CELERY), *args]
+
+
+def celery_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """``environment`` with this venv's ``celery`` first on ``PATH``."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, **environment, "PATH": path}
 
 
 class CeleryWorker:
@@ -38,16 +50,14 @@ class CeleryWorker:
         self._process: subprocess.Popen | None = None
 
     def start(self, environment: Mapping[str, str], cwd: Path) -> CeleryWorker:
-        pythonpath = os.pathsep.join([str(WORKER_CONFIG_DIR), str(REPO)])
         command = [
-            str(Path(sys.executable).parent / "celery"), "-A", "dagster_celery.app", "worker",
-            "--hostname", self.hostname, "--queues", "dagster",
+            "worker", "--hostname", self.hostname, "--queues", "dagster",
             "--concurrency", str(self.concurrency), "--loglevel", "INFO",
             "--without-mingle", "--without-gossip",
         ]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                command, env={**os.environ, **environment, "PYTHONPATH": pythonpath}, cwd=cwd,
+                celery_command(*command), env=celery_environment(environment), cwd=cwd,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         return self
