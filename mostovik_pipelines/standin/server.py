@@ -10,7 +10,8 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`Stan
   ``drop`` (close the connection halfway through the body), ``truncate`` (a cut-off document),
   ``malformed`` (not XML), ``rename_element`` (``element`` -> ``renamed_to``, a schema change),
   ``wrong_encoding`` (bytes that do not match the declared encoding), ``html`` (a maintenance
-  page with status 200).
+  page with status 200), ``body`` (``content`` text in ``encoding``), ``raw`` (exact bytes,
+  ``content_b64``, with optional ``content_type`` and ``status``).
 * ``GET /_control/requests`` lists the requests served (route, query, time, status);
   ``DELETE /_control/requests`` forgets them.
 * Routes add their own controls (see :mod:`.cbr`).
@@ -18,7 +19,9 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`Stan
 
 from __future__ import annotations
 
+import base64
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -166,6 +169,10 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             if kind == "html":
                 page = b"<html><body><h1>Maintenance</h1></body></html>"
                 return self._send(Reply(200, page, "text/html"))
+            if kind == "raw":
+                content = base64.b64decode(options.get("content_b64", ""))
+                return self._send(Reply(int(options.get("status", 200)), content,
+                                        options.get("content_type", reply.content_type)))
             if kind == "body":
                 content = options.get("content", "").encode(options.get("encoding", "utf-8"))
                 return self._send(Reply(int(options.get("status", 200)), content,
@@ -188,12 +195,19 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up (timed out during a ``hang``, was killed) is expected here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class StandinServer:
     """The stand-in on 127.0.0.1, in a background thread of the calling process."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.state = StandinState()
-        self.httpd = ThreadingHTTPServer((host, port), _make_handler(self.state))
+        self.httpd = _QuietServer((host, port), _make_handler(self.state))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -227,6 +241,12 @@ class StandinClient:
 
     def fault(self, kind: str, *, route: str = "cbr", times: int = 1, **options: Any) -> None:
         self._post("/_control/faults", {"kind": kind, "route": route, "times": times, **options})
+
+    def serve_bytes(self, content: bytes, *, route: str = "cbr", times: int = 1,
+                    **options: Any) -> None:
+        """Answer the next requests with exactly ``content`` (a ``raw`` fault)."""
+        self.fault("raw", route=route, times=times,
+                   content_b64=base64.b64encode(content).decode("ascii"), **options)
 
     def clear_faults(self) -> None:
         httpx.delete(f"{self.base_url}/_control/faults").raise_for_status()

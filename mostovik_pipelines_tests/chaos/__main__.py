@@ -1,0 +1,40 @@
+"""``python -m mostovik_pipelines_tests.chaos [--seed N] [--scenarios N] [--cli-share F]``
+
+Starts its own PostgreSQL and stand-in, runs the scenarios, prints one line per scenario and a
+summary, and exits 1 if any partition differed from its reference, any key was duplicated or a
+partition could not be settled. The same seed replays the same scenarios (timing aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+from mostovik_pipelines_tests.chaos import run_chaos
+from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mostovik_pipelines_tests.chaos")
+    parser.add_argument("--seed", type=int, default=None, help="default: a random seed")
+    parser.add_argument("--scenarios", type=int, default=200)
+    parser.add_argument("--cli-share", type=float, default=0.3,
+                        help="share of scenarios that start and kill `dagster job execute`")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (run logs)")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    print(f"chaos: seed {seed}, {args.scenarios} scenarios", flush=True)
+    env = ChaosEnvironment(keep=args.keep)
+    try:
+        totals = run_chaos(env, seed, args.scenarios, args.cli_share,
+                           log=lambda line: print(line, flush=True))
+    finally:
+        if args.keep:
+            print(f"work dir kept: {env.root}")
+        env.close()
+    return 1 if totals.failures or totals.duplicates else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
