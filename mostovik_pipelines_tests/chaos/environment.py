@@ -123,7 +123,10 @@ class ChaosEnvironment:
     """Everything a chaos scenario needs; :meth:`close` removes all of it."""
 
     def __init__(self, postgres: ThrowawayPostgres | None = None,
-                 standin_server: StandinServer | None = None, keep: bool = False) -> None:
+                 standin_server: StandinServer | None = None, keep: bool = False,
+                 template: str | None = None) -> None:
+        """``template``: a migrated database to clone the two databases from (else both are
+        migrated here)."""
         self._own_postgres = postgres is None
         self._own_standin = standin_server is None
         self.keep = keep
@@ -136,11 +139,13 @@ class ChaosEnvironment:
         self.reference_database = f"chaosref_{suffix}"
         with psycopg.connect(self.postgres.dsn(), autocommit=True) as connection:
             for name in (self.database, self.reference_database):
-                connection.execute(f"CREATE DATABASE {name}")
+                clone = f" TEMPLATE {template}" if template else ""
+                connection.execute(f"CREATE DATABASE {name}{clone}")
         self.url = self.postgres.url(self.database)
         self.reference_url = self.postgres.url(self.reference_database)
-        for url in (self.url, self.reference_url):
-            migrate.upgrade(url)
+        if not template:
+            for url in (self.url, self.reference_url):
+                migrate.upgrade(url)
 
         self.home = self.root / "dagster_home"
         self.home.mkdir()
@@ -195,10 +200,12 @@ class ChaosEnvironment:
         run_id = str(uuid.uuid4())
         job = self.reference_job if reference else self.job
         home = None if reference else str(self.home)
+        log_path = self.logs / f"warm-{attempt}.log"
         process = multiprocessing.get_context("fork").Process(
-            target=_warm_child, args=(job, home, partition, run_id, attempt), daemon=True)
+            target=_warm_child, args=(job, home, partition, run_id, attempt, log_path),
+            daemon=True)
         process.start()
-        return RunHandle("warm", partition, attempt, process, None, run_id)
+        return RunHandle("warm", partition, attempt, process, log_path, run_id)
 
     # --- reading run storage ------------------------------------------------------------------
 
@@ -261,10 +268,14 @@ class ChaosEnvironment:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _warm_child(job, home: str | None, partition: str, run_id: str, attempt: str) -> None:
+def _warm_child(job, home: str | None, partition: str, run_id: str, attempt: str,
+                log_path: Path) -> None:
     """The body of a forked warm run; its exit code is 0 when the run succeeded."""
     success = False
     try:
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
         instance = DagsterInstance.from_config(home) if home else DagsterInstance.ephemeral()
         result = job.execute_in_process(
             partition_key=partition, instance=instance, run_id=run_id, raise_on_error=False,
@@ -272,7 +283,9 @@ def _warm_child(job, home: str | None, partition: str, run_id: str, attempt: str
         )
         success = result.success
     finally:
-        sys.stdout.flush()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
         os._exit(0 if success else 1)
 
 
