@@ -1,0 +1,172 @@
+"""Bad and hostile input, for every source: each case of ``corpus/<source>/`` is served through
+the stand-in to a real run of the source's job, after a clean load of the partition. The run
+must end as the case expects (failed naming source, partition and defect; partial with the
+rows quarantined; not available yet; or loaded as data), and nothing already loaded may change
+beyond what the outcome allows. See ``corpus/README.md`` for the case format."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import DagsterEventType
+
+from mostovik_pipelines.sources import ALL_SOURCES
+from mostovik_pipelines_tests.conftest import FAST_RETRY, code_location_for
+from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
+
+CORPUS = Path(__file__).parent / "corpus"
+OUTCOMES = {"failed", "partial", "not_available", "loaded"}
+SPECS = {spec.name: spec for spec in ALL_SOURCES}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    source: str
+    name: str
+    payload: Path
+    expect: dict
+    settings: dict
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}/{self.name}"
+
+
+def corpus_cases() -> list[Case]:
+    cases = []
+    for folder in sorted(p for p in CORPUS.iterdir() if p.is_dir()):
+        settings = json.loads((folder / "_source.json").read_text())
+        for expectation in sorted(folder.glob("*.expect.json")):
+            name = expectation.name.removesuffix(".expect.json")
+            payloads = [p for p in folder.glob(f"{name}.*") if p != expectation]
+            assert len(payloads) == 1, f"{folder.name}/{name}: expected one payload, {payloads}"
+            cases.append(Case(folder.name, name, payloads[0],
+                              json.loads(expectation.read_text()), settings))
+    return cases
+
+
+CASES = corpus_cases()
+
+
+def _param(case: Case):
+    marks = []
+    if case.expect.get("known_bug"):
+        reason = f"known bug: {case.expect['known_bug']}"
+        marks.append(pytest.mark.xfail(strict=True, reason=reason))
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def test_every_source_has_a_corpus_and_every_case_is_well_formed():
+    counts = Counter(case.source for case in CASES)
+    print("\nbad-input corpus: " + ", ".join(f"{s}: {n} cases" for s, n in sorted(counts.items())))
+    assert set(counts) == set(SPECS), f"sources without a corpus: {set(SPECS) - set(counts)}"
+    for case in CASES:
+        assert case.expect.get("outcome") in OUTCOMES, case.id
+        if case.expect["outcome"] == "failed":
+            assert case.expect.get("message"), f"{case.id}: a failure must name its defect"
+        if case.expect["outcome"] == "partial":
+            assert case.expect.get("quarantined"), case.id
+
+
+@pytest.fixture
+def warehouse_url(pg_warehouse_url):
+    return pg_warehouse_url
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
+    case: Case, warehouse_url, standin_server, standin, tmp_path, instance
+):
+    spec = dataclasses.replace(SPECS[case.source], extract_retry=FAST_RETRY,
+                               load_retry=FAST_RETRY)
+    job = code_location_for(warehouse_url, standin_server, tmp_path, [spec]).resolve_job_def(
+        f"{spec.name}_job")
+    partition = case.expect.get("partition", case.settings["partition"])
+    if partition == "tomorrow":
+        partition = spec.partitions_def.get_partition_keys()[-1]
+    neighbour = case.settings["neighbour"]
+    for key in (neighbour, partition):
+        assert run_partition(job, key, instance).success, f"clean load of {key} failed"
+    before = _snapshot(warehouse_url, spec)
+
+    options = {k: case.expect[k] for k in ("content_type", "status", "times") if k in case.expect}
+    standin.serve_bytes(case.payload.read_bytes(), route=case.settings["route"], **options)
+    result = run_partition(job, partition, instance)
+    standin.clear_faults()
+    after = _snapshot(warehouse_url, spec)
+    outcome = case.expect["outcome"]
+
+    if outcome == "failed":
+        assert not result.success, f"{case.id} should fail"
+        message = step_failure_message(instance, result.run_id)
+        for fragment in [f"{spec.name} [{partition}]", *case.expect["message"]]:
+            assert fragment in message, f"{fragment!r} not in failure: {message}"
+        assert after == before
+        return
+    assert result.success, step_failure_message(instance, result.run_id)
+    materialized = _materialized(instance, result.run_id)
+    if outcome == "not_available":
+        assert materialized == []
+        assert after == before
+        return
+
+    [metadata] = materialized
+    rows = _rows(warehouse_url, spec, partition)
+    assert len(rows) == case.expect["loaded_rows"]
+    assert _partition_rows(after, spec, neighbour) == _partition_rows(before, spec, neighbour)
+    quarantined = [q for q in after["quarantine"] if q["partition_key"] == partition]
+    expected = case.expect.get("quarantined", [])
+    assert metadata["rejected"] == len(expected)
+    assert len(quarantined) == len(expected), quarantined
+    for row, wanted in zip(quarantined, expected, strict=True):
+        assert row["row_number"] == wanted["row_number"]
+        assert wanted["reason"] in row["reason"], row["reason"]
+        assert row["raw_row"]
+    for check in case.expect.get("values", []):
+        [row] = [r for r in rows if all(r[k] == v for k, v in check["where"].items())]
+        for column, value in check["equals"].items():
+            assert row[column] == value, f"{column}: {row[column]!r} != {value!r}"
+
+
+def _snapshot(url: str, spec) -> dict:
+    """Every row of the source's table with its physical identity (a rewritten row gets a new
+    ctid and xmin), and the whole quarantine."""
+    order = ", ".join(spec.natural_key)
+    with psycopg.connect(_dsn(url)) as connection:
+        table = connection.execute(
+            f"SELECT ctid::text, xmin::text, * FROM {spec.table.name} ORDER BY {order}")
+        names = [d.name for d in table.description]
+        rows = [dict(zip(names, r, strict=True)) for r in table.fetchall()]
+        quarantine = connection.execute("SELECT * FROM quarantined_rows ORDER BY id")
+        names = [d.name for d in quarantine.description]
+        quarantined = [dict(zip(names, r, strict=True)) for r in quarantine.fetchall()]
+    return {"rows": rows, "quarantine": quarantined}
+
+
+def _partition_rows(snapshot: dict, spec, partition: str) -> list[dict]:
+    return [r for r in snapshot["rows"] if str(r[spec.partition_column]) == partition]
+
+
+def _rows(url: str, spec, partition: str) -> list[dict]:
+    with psycopg.connect(_dsn(url)) as connection:
+        cursor = connection.execute(
+            f"SELECT * FROM {spec.table.name} WHERE {spec.partition_column}::text = %s",
+            (partition,))
+        names = [d.name for d in cursor.description]
+        return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+
+
+def _materialized(instance, run_id: str) -> list[dict]:
+    records = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    return [{k: v.value for k, v in r.event_log_entry.asset_materialization.metadata.items()}
+            for r in records]
+
+
+def _dsn(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
