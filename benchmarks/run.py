@@ -1,0 +1,199 @@
+"""``make bench``: the loader and the orchestration path, next to what users would pick instead.
+
+Starts a throw-away PostgreSQL 15, generates its own data, measures every case in a process of
+its own and prints one report: medians of several repetitions, and ratios between figures
+measured in the same run. It reports; it asserts nothing about time.
+
+    python -m benchmarks.run            # the full benchmark (1,000,000 rows, a year of runs)
+    python -m benchmarks.run --quick    # a smoke run in about two minutes (100,000 rows)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+
+import psutil
+import psycopg
+
+from benchmarks.loader import MODES, LoaderFigures, measure_loader
+from benchmarks.measure import Figure
+from benchmarks.orchestration import OrchestrationFigures, measure_orchestration
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+
+FULL = {"rows": 1_000_000, "repeat": 3, "to_sql_rows": 50_000, "runs": 3,
+        "per_partition_runs": 10, "backfill_days": 365}
+QUICK = {"rows": 100_000, "repeat": 2, "to_sql_rows": 10_000, "runs": 2,
+         "per_partition_runs": 3, "backfill_days": 31}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rows, runs and partitions")
+    parser.add_argument("--rows", type=int, help="rows in the loader's partition")
+    parser.add_argument("--repeat", type=int, help="repetitions of every loader case")
+    parser.add_argument("--skip-loader", action="store_true")
+    parser.add_argument("--skip-orchestration", action="store_true")
+    options = parser.parse_args(argv)
+    settings = dict(QUICK if options.quick else FULL)
+    settings.update({k: v for k, v in (("rows", options.rows), ("repeat", options.repeat))
+                     if v is not None})
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    work_dir = Path(tempfile.mkdtemp(prefix="mostovik-bench-"))
+    server = ThrowawayPostgres().start()
+    try:
+        loader = orchestration = None
+        if not options.skip_loader:
+            loader = measure_loader(server, work_dir, settings["rows"], settings["repeat"],
+                                    settings["to_sql_rows"], log)
+        if not options.skip_orchestration:
+            orchestration = measure_orchestration(
+                server, work_dir, settings["runs"], settings["per_partition_runs"],
+                settings["backfill_days"], log)
+        print(report(server, loader, orchestration, sys.argv[1:] if argv is None else argv,
+                     time.perf_counter() - started))
+    finally:
+        server.stop()
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def report(server: ThrowawayPostgres, loader: LoaderFigures | None,
+           orchestration: OrchestrationFigures | None, argv: list[str], seconds: float) -> str:
+    lines = [f"mostovik_pipelines benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
+             f"took {seconds / 60:.1f} min",
+             f"command: .venv/bin/python -m benchmarks.run {' '.join(argv)}".rstrip(),
+             f"machine: {_machine(server)}", ""]
+    checks: list[tuple[bool, str]] = []
+    if loader:
+        lines += _loader_table(loader, checks)
+    if orchestration:
+        lines += _orchestration_table(orchestration, checks)
+    lines += ["", "Targets"]
+    lines += [f"  [{'met' if ok else 'MISSED'}] {text}" for ok, text in checks]
+    return "\n".join(lines)
+
+
+def _loader_table(f: LoaderFigures, checks: list[tuple[bool, str]]) -> list[str]:
+    reference = f.reference
+    repeat = len(reference.seconds)
+    lines = [
+        f"Loader: one partition of {f.rows:,} rows x 7 columns, DataFrame in memory -> commit; "
+        f"median of {repeat} runs, each in a process of its own",
+        f"{'case':<52}{'median s':>9}{'rows/s':>11}{'vs ref':>8}{'peak RSS':>10}"
+        f"{'load RSS':>10}  tuples written ins/upd/del",
+    ]
+
+    def row(figure: Figure, note: str = "") -> str:
+        written = figure.written
+        tuples = f"{written['ins']}/{written['upd']}/{written['del']}" if written else ""
+        return (f"{figure.label:<52}{figure.median:>9.2f}{figure.rows_per_second:>11,.0f}"
+                f"{figure.rows_per_second / reference.rows_per_second:>7.2f}x"
+                f"{figure.peak_mb:>7.0f} MB{figure.own_mb:>7.0f} MB  {tuples}{note}")
+
+    lines.append(row(reference))
+    for figure in f.ours.values():
+        lines.append(row(figure, f"  {_counts(figure)}"))
+    lines.append(row(f.to_sql, f"  (1M rows would take ~{1_000_000 / f.to_sql.rows_per_second:,.0f}"
+                               " s at this rate)"))
+    lines.append(row(f.dlt_first))
+    lines.append(row(f.dlt_reload))
+    lines += [
+        "  rows/s and 'vs ref' compare throughput with the physical reference. peak RSS: the",
+        "  process's peak (interpreter, imports - ours imports the whole code location, Dagster",
+        "  included - and the frame); load RSS: peak above the process just before the load.",
+        "  tuples written: pg_stat_user_tables n_tup_ins/upd/del deltas around the last run.",
+    ]
+
+    for mode in MODES:
+        first, same = f.ours[(mode, "first")], f.ours[(mode, "identical")]
+        share = first.rows_per_second / reference.rows_per_second
+        checks.append((share >= 0.5, f"ours {mode} first load at {share:.2f}x the physical "
+                                     "reference's throughput (target >= 0.50x)"))
+        written = sum((same.written or {}).values())
+        checks.append((same.median <= 0.15 * first.median and written == 0,
+                       f"ours {mode} re-load of identical data: {same.median / first.median:.0%}"
+                       f" of our first load (target <= 15%), {written} tuples written "
+                       "(target 0)"))
+        for label, ours, theirs in (("first load", first, f.dlt_first),
+                                    ("re-load", same, f.dlt_reload)):
+            ratio = theirs.median / ours.median
+            checks.append((ratio >= 2, f"ours {mode} {label} {ratio:.1f}x faster than dlt's "
+                                       "merge (target >= 2x)"))
+        ratio = first.rows_per_second / f.to_sql.rows_per_second
+        checks.append((ratio >= 20, f"ours {mode} first load {ratio:.0f}x to_sql's throughput "
+                                    "(target >= 20x)"))
+    peak = max(figure.peak_mb for figure in f.ours.values())
+    own = max(figure.own_mb for figure in f.ours.values())
+    checks.append((peak < 300, f"ours peak RSS {peak:.0f} MB for {f.rows:,} rows, of which the "
+                               f"load itself {own:.0f} MB (target < 300 MB)"))
+    return lines
+
+
+def _counts(figure: Figure) -> str:
+    c = figure.counts or {}
+    return (f"counts i/u/=/d {c.get('inserted')}/{c.get('updated')}/{c.get('unchanged')}/"
+            f"{c.get('deleted')}")
+
+
+def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]) -> list[str]:
+    floor = statistics.median(o.floor)
+    run = statistics.median(o.partition_run)
+    one_each = o.per_partition_extrapolated
+    lines = [
+        "",
+        f"Orchestration: wall time of the CLI command, executor {o.executor}, fresh DAGSTER_HOME "
+        f"(SQLite run storage), stand-in source; median of {len(o.floor)} runs after a warm-up",
+        f"{'case':<72}{'seconds':>9}",
+        f"{'empty three-op job, dagster job execute (Dagster floor)':<72}{floor:>9.2f}",
+        f"{'cbr_daily_rates_job, one partition, dagster job execute':<72}{run:>9.2f}"
+        f"   {run / floor:.2f}x the floor",
+        f"{f'backfill of {o.backfill_partitions} partitions, one ranged run (single_run)':<72}"
+        f"{o.backfill_seconds:>9.2f}   {o.backfill_rows:,} rows",
+        f"{'the same backfill again, every partition already loaded':<72}"
+        f"{o.rerun_seconds:>9.2f}",
+        f"{f'one run per partition, {o.backfill_partitions} runs (extrapolated)':<72}"
+        f"{one_each:>9.2f}   mean of {len(o.per_partition_runs)} runs x "
+        f"{o.backfill_partitions}",
+    ]
+    checks.append((run <= 1.5 * floor, f"a partition run at {run / floor:.2f}x the empty-job floor"
+                                       " (target <= 1.5x)"))
+    year = o.backfill_seconds * 365 / o.backfill_partitions
+    label = ("" if o.backfill_partitions == 365
+             else f" (extrapolated from {o.backfill_partitions} partitions)")
+    checks.append((year < 60, f"a year of daily partitions backfilled in {year:.0f} s{label} "
+                              "(target < 60 s)"))
+    return lines
+
+
+def _machine(server: ThrowawayPostgres) -> str:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")]
+        cpu = models[0] if models else cpu
+    with psycopg.connect(server.dsn()) as connection:
+        pg = connection.execute("SHOW server_version").fetchone()[0]
+    packages = ", ".join(f"{name} {version(name)}" for name in (
+        "dagster", "pandas", "pyarrow", "SQLAlchemy", "psycopg", "dlt"))
+    return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
+            f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
+            f"PostgreSQL {pg} (throw-away: fsync, synchronous_commit, full_page_writes off; "
+            f"shared_buffers 256MB); {packages}")
+
+
+if __name__ == "__main__":
+    main()
