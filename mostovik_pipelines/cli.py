@@ -1,11 +1,15 @@
-"""The operator's command line: ``mostovik db ...``, ``mostovik materialize``, ``mostovik standin``.
+"""The operator's command line: ``mostovik jobs ...``, ``mostovik db ...``,
+``mostovik materialize``, ``mostovik standin``, ``mostovik demo``.
 
-Exit codes: 0 success, 1 a job failed, 2 a usage error (unknown source, bad partition).
+Exit codes, for scripts: 0 success; 1 a job failed (or, for ``jobs list --stuck``, stuck jobs
+were found); 2 a usage error (unknown source, bad period, no DAGSTER_HOME); 3 unknown run id.
+Errors go to stderr, results to stdout (``--json`` for machines).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +21,7 @@ from mostovik_pipelines.settings import resolved_database_url
 
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
 
 
 @click.group()
@@ -88,7 +93,7 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
-    from mostovik_pipelines.etl.tracking import JobStatus, summarize_job
+    from mostovik_pipelines.etl.tracking import JobStatus, load_job
     from mostovik_pipelines.sources import ALL_SOURCES
 
     specs = {spec.name: spec for spec in ALL_SOURCES}
@@ -104,24 +109,161 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
                    else "give --partition or --last", err=True)
         return EXIT_USAGE
 
-    job = defs.resolve_job_def(f"{source}_job")
+    source_job = defs.resolve_job_def(f"{source}_job")
     instance = DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else (
         DagsterInstance.ephemeral())
     click.echo(f"{'partition':<12} {'status':<10} {'inserted':>8} {'updated':>8} "
                f"{'unchanged':>9} {'deleted':>8}  run / note")
     failed = 0
     for partition in partitions:
-        result = job.execute_in_process(
+        result = source_job.execute_in_process(
             partition_key=partition, instance=instance, raise_on_error=False,
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
-        summary = summarize_job(instance, result.run_id)
-        failed += summary.status is JobStatus.FAILED
-        c = summary.counts
-        click.echo(f"{partition:<12} {summary.status.value:<10} {c.get('inserted', 0):>8} "
+        job = load_job(instance, result.run_id)
+        failed += job.status is JobStatus.FAILED
+        c = job.totals
+        note = "; ".join(job.left_out.values()) or (job.errors[0].message if job.errors else "")
+        click.echo(f"{partition:<12} {job.status.value:<10} {c.get('inserted', 0):>8} "
                    f"{c.get('updated', 0):>8} {c.get('unchanged', 0):>9} {c.get('deleted', 0):>8}"
-                   f"  {result.run_id[:8]} {summary.note}")
+                   f"  {result.run_id[:8]} {note}")
     return EXIT_JOB_FAILED if failed else 0
+
+
+@main.group()
+def jobs() -> None:
+    """Background jobs (Dagster runs of the sources): list, show, re-run."""
+
+
+def _instance():
+    from dagster import DagsterInstance
+
+    if not os.environ.get("DAGSTER_HOME"):
+        _fail(EXIT_USAGE, "DAGSTER_HOME is not set: point it at the Dagster instance to read")
+    return DagsterInstance.get()
+
+
+def _fail(code: int, message: str):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _known_source(source: str | None) -> None:
+    from mostovik_pipelines.sources import ALL_SOURCES
+
+    names = sorted(spec.name for spec in ALL_SOURCES)
+    if source is not None and source not in names:
+        _fail(EXIT_USAGE, f"unknown source {source!r}; known: {', '.join(names)}")
+
+
+@jobs.command("list")
+@click.option("--source", help="Only this source.")
+@click.option("--type", "job_type", type=click.Choice(["parser", "sync", "file"]))
+@click.option("--status", type=click.Choice(["pending", "running", "completed", "failed",
+                                             "partial"]))
+@click.option("--from", "period_from", help="Periods from this partition key on.")
+@click.option("--to", "period_to", help="Periods up to this partition key.")
+@click.option("--since", type=click.DateTime(), help="Jobs created since (UTC).")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--stuck", is_flag=True, help="Jobs running longer than their source allows.")
+@click.option("--json", "as_json", is_flag=True)
+def jobs_list(source, job_type, status, period_from, period_to, since, limit, stuck,
+              as_json) -> None:
+    """Jobs, newest first."""
+    from datetime import UTC
+
+    from mostovik_pipelines.etl.tracking import JobStatus, list_jobs, stuck_jobs
+
+    _known_source(source)
+    instance = _instance()
+    if stuck:
+        found = stuck_jobs(instance)
+    else:
+        found = list_jobs(
+            instance, source=source, job_type=job_type,
+            status=JobStatus(status) if status else None, period_from=period_from,
+            period_to=period_to, since=since.replace(tzinfo=UTC) if since else None,
+            limit=limit,
+        )
+    if as_json:
+        click.echo(json.dumps([job.as_dict() for job in found], indent=1, default=str))
+    else:
+        click.echo(f"{'run':<36}  {'source':<16} {'type':<6} {'period':<23} {'status':<9} "
+                   f"{'ins':>5} {'upd':>5} {'del':>5} {'rej':>4}  launched by")
+        for job in found:
+            t = job.totals
+            click.echo(f"{job.run_id:<36}  {job.source or '-':<16} {job.job_type or '-':<6} "
+                       f"{job.period:<23} {job.status.value:<9} {t.get('inserted', 0):>5} "
+                       f"{t.get('updated', 0):>5} {t.get('deleted', 0):>5} "
+                       f"{t.get('rejected', 0):>4}  {job.launched_by}")
+    if stuck and found:
+        sys.exit(EXIT_JOB_FAILED)
+
+
+@jobs.command("show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+def jobs_show(run_id: str, as_json: bool) -> None:
+    """Everything about one job: status, figures, attempts, context, errors."""
+    from mostovik_pipelines.etl.tracking import JobNotFound, load_job
+
+    try:
+        job = load_job(_instance(), run_id)
+    except JobNotFound as missing:
+        _fail(EXIT_NOT_FOUND, str(missing))
+    data = job.as_dict()
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=str))
+        return
+    for key in ("run_id", "source", "job_type", "period", "status", "result", "run_status",
+                "started_at", "ended_at", "duration_seconds", "launched_by", "executor",
+                "parent_run_id", "root_run_id", "rerun_of"):
+        click.echo(f"{key:<17} {data[key] if data[key] is not None else '-'}")
+    click.echo(f"{'totals':<17} {data['totals'] or '-'}")
+    for partition, figures in job.per_partition.items():
+        click.echo(f"  {partition:<15} {figures}")
+    for partition, reason in job.left_out.items():
+        click.echo(f"  left out {partition}: {reason}")
+    click.echo(f"{'attempts':<17} {data['attempts'] or '-'}")
+    if job.celery_tasks:
+        click.echo(f"{'celery tasks':<17} {job.celery_tasks}")
+    for error in job.errors:
+        click.echo(f"error in {error.op or 'run'} ({error.error_class}"
+                   f"{', ' + error.kind if error.kind else ''}): {error.message}")
+        for cause in error.causes:
+            click.echo(f"  caused by {cause}")
+
+
+@jobs.command("rerun")
+@click.argument("run_id", required=False)
+@click.option("--source", help="With --period: a fresh run of this source.")
+@click.option("--period", help="The partition key to run again.")
+def jobs_rerun(run_id: str | None, source: str | None, period: str | None) -> None:
+    """Re-run RUN_ID from its failure, or a fresh run for --source and --period."""
+    from mostovik_pipelines.etl.recovery import rerun_from_failure, rerun_partition
+    from mostovik_pipelines.etl.tracking import JobNotFound, JobStatus, load_job
+    from mostovik_pipelines.sources import ALL_SOURCES
+
+    if bool(run_id) == bool(source or period) or bool(source) != bool(period):
+        _fail(EXIT_USAGE, "give a RUN_ID, or both --source and --period")
+    instance = _instance()
+    if run_id:
+        try:
+            new_run_id = rerun_from_failure(instance, run_id)
+        except JobNotFound as missing:
+            _fail(EXIT_NOT_FOUND, str(missing))
+        except ValueError as refused:
+            _fail(EXIT_USAGE, str(refused))
+    else:
+        _known_source(source)
+        spec = next(s for s in ALL_SOURCES if s.name == source)
+        if period not in spec.partitions_def.get_partition_keys():
+            _fail(EXIT_USAGE, f"{source} has no period {period!r}")
+        new_run_id = rerun_partition(instance, source, period)
+    job = load_job(instance, new_run_id)
+    click.echo(f"{new_run_id} {job.status.value}")
+    if job.status is JobStatus.FAILED:
+        sys.exit(EXIT_JOB_FAILED)
 
 
 if __name__ == "__main__":

@@ -5,39 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def production_home(postgres, tmp_path) -> tuple[Path, dict[str, str]]:
-    """A DAGSTER_HOME with deploy/dagster.yaml and its environment, on a fresh database."""
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE dagster_{tmp_path.name[-8:].lower()}")
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
-    environment = {
-        "DAGSTER_HOME": str(home),
-        "MOSTOVIK_DAGSTER_PG_USER": "mostovik",
-        "MOSTOVIK_DAGSTER_PG_PASSWORD": postgres.password,
-        "MOSTOVIK_DAGSTER_PG_HOST": "127.0.0.1",
-        "MOSTOVIK_DAGSTER_PG_PORT": str(postgres.port),
-        "MOSTOVIK_DAGSTER_PG_DB": f"dagster_{tmp_path.name[-8:].lower()}",
-        "MOSTOVIK_DAGSTER_ARTIFACT_DIR": str(tmp_path / "artifacts"),
-        "MOSTOVIK_DAGSTER_LOG_DIR": str(tmp_path / "compute_logs"),
-    }
-    return home, environment
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ from dagster import (
 
 from mostovik_pipelines.etl.errors import PermanentError
 from mostovik_pipelines.etl.loading import load_partition
-from mostovik_pipelines.etl.locking import RunClaim, record_step_process, wait_for_older_runs
+from mostovik_pipelines.etl.locking import RunClaim, wait_for_older_runs
 from mostovik_pipelines.etl.quarantine import replace_quarantine
 from mostovik_pipelines.etl.retries import (
     NO_RETRY,
@@ -61,6 +61,7 @@ from mostovik_pipelines.etl.spec import (
     TransformRequest,
 )
 from mostovik_pipelines.etl.tags import business_tags
+from mostovik_pipelines.etl.tracking import record_step
 from mostovik_pipelines.etl.validation import validate_partition
 from mostovik_pipelines.resources.landing import LandedPayload
 
@@ -162,7 +163,7 @@ def _extract_op(spec: SourceSpec):
         required_resource_keys={resource_key, LANDING_KEY},
     )
     def extract(context: OpExecutionContext, config: ExtractConfig) -> dict:
-        record_step_process(context.instance, context.run_id)
+        record_step(context, spec)
         landing = getattr(context.resources, LANDING_KEY)
         keys = context.partition_keys
         other_runs = _runs_to_give_way_to(context, spec, keys)
@@ -224,7 +225,7 @@ def _transform_op(spec: SourceSpec):
         required_resource_keys={LANDING_KEY},
     )
     def transform(context: OpExecutionContext, extracted: dict) -> dict:
-        record_step_process(context.instance, context.run_id)
+        record_step(context, spec)
         landing = getattr(context.resources, LANDING_KEY)
         outcomes: dict[str, TransformedPartition | PartitionSkipped | PartitionFailure] = {}
         for key, landed in extracted.items():
@@ -270,7 +271,7 @@ def _load_op(spec: SourceSpec):
         out=Out(is_required=False),
     )
     def load(context: OpExecutionContext, transformed: dict):
-        record_step_process(context.instance, context.run_id)
+        record_step(context, spec)
         engine = getattr(context.resources, WAREHOUSE_KEY).engine()
         already_loaded = _partitions_materialized_by_run(context, asset_key)
         skipped = [o for o in transformed.values() if isinstance(o, PartitionSkipped)]

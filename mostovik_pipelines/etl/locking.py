@@ -45,7 +45,13 @@ from dagster import (
 from sqlalchemy import Connection, text
 
 from mostovik_pipelines.etl.errors import ConcurrentRunError
-from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.etl.tags import (
+    HOST_TAG,
+    PARTITION_TAG,
+    PID_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+)
 
 
 def partition_lock_keys(table: str, partition_key: str) -> tuple[int, int]:
@@ -74,8 +80,6 @@ IN_FLIGHT = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStat
 NOT_STARTED_GRACE_SECONDS = 120
 """A run created but not started yet counts as in progress for this long: two runs launched at
 the same instant see each other even before either has started."""
-HOST_TAG = "mostovik/host"
-PID_TAG = "mostovik/pid"
 POLL_SECONDS = 1.0
 
 
@@ -98,12 +102,6 @@ class RunClaim:
     job_name: str
     asset_key: AssetKey
     partition_keys: frozenset[str]
-
-
-def record_step_process(instance: DagsterInstance, run_id: str) -> None:
-    """Tag the run with the process executing its current step, so that other runs can tell a
-    live run from one whose process was killed and left "started" in run storage."""
-    instance.add_run_tags(run_id, {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())})
 
 
 def older_runs_in_flight(
