@@ -56,3 +56,18 @@ def test_schedule_asks_for_today_and_tomorrow():
     )
     requests = list(schedule.evaluate_tick(context).run_requests)
     assert [r.partition_key for r in requests] == ["2026-11-10", "2026-11-11"]
+
+
+def test_the_workspace_file_loads_the_code_location_as_dagster_dev_does():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    completed = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate",
+         "-w", "workspace.yaml"],
+        cwd=repo, capture_output=True, text=True, timeout=180,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "Validation successful for code location mostovik_pipelines" in completed.stderr
