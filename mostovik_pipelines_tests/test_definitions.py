@@ -70,4 +70,5 @@ def test_the_workspace_file_loads_the_code_location_as_dagster_dev_does():
         cwd=repo, capture_output=True, text=True, timeout=180,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
-    assert "Validation successful for code location mostovik_pipelines" in completed.stderr
+    output = completed.stdout + completed.stderr
+    assert "Validation successful for code location mostovik_pipelines" in output
