@@ -198,10 +198,6 @@ class _WatchedResult:
         self._liveness = liveness
         self._lost: str | None = None
 
-    @property
-    def id(self) -> str:
-        return self._result.id
-
     def ready(self) -> bool:
         if self._result.ready():
             return True
