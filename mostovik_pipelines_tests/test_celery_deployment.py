@@ -50,7 +50,7 @@ BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04", "2026-11-05", "2026-11-06"
 KILLED_PARTITION = "2026-11-09"
 RETRIED_PARTITION = "2026-11-10"
 BOOKKEEPING = {"loaded_by_run", "loaded_at", "changed_by_run", "changed_at"}
-WORKER_LOST_SECONDS = 5
+WORKER_LOST_SECONDS = 10
 
 
 @dataclass
@@ -192,19 +192,22 @@ def test_a_step_on_a_worker_knows_its_celery_task_id(deployment):
 
 def test_a_drained_worker_takes_no_new_steps(deployment):
     drained, serving = deployment.workers["worker-a"], deployment.workers["worker-b"]
-    deployment.celery("control", "cancel_consumer", "dagster", "--destination", drained.hostname)
+    deployment.celery("control", "--timeout", "20", "--destination", drained.hostname,
+                      "cancel_consumer", "dagster")
     try:
         processes = [deployment.probe("drained") for _ in range(3)]
         assert [deployment.finish(process) for process in processes] == [0, 0, 0]
     finally:
-        deployment.celery("control", "add_consumer", "dagster", "--destination",
-                          drained.hostname)
+        deployment.celery("control", "--timeout", "20", "--destination", drained.hostname,
+                          "add_consumer", "dagster")
 
     task_ids = deployment.probe_task_ids("drained")
     assert len(task_ids) == 3
     assert set(task_ids) <= set(serving.succeeded_task_ids())
     assert not set(task_ids) & set(drained.succeeded_task_ids())
-    assert drained.hostname in deployment.celery("inspect", "ping")
+    assert drained.hostname in deployment.celery(
+        "inspect", "--timeout", "20", "--destination", drained.hostname, "ping"
+    )
 
 
 def test_a_backfill_spreads_over_two_workers_and_equals_the_in_process_result(
