@@ -24,6 +24,7 @@ from sqlalchemy import (
     select,
 )
 
+from mostovik_pipelines.etl.locking import lock_partition
 from mostovik_pipelines.etl.spec import RejectedRow
 from mostovik_pipelines.warehouse.schema import metadata
 
@@ -46,9 +47,11 @@ quarantined_rows = Table(
 def replace_quarantine(
     engine: Engine, source: str, partition_key: str, run_id: str, rejected: Sequence[RejectedRow]
 ) -> None:
-    """Make the partition's quarantine hold exactly ``rejected``, in one transaction."""
+    """Make the partition's quarantine hold exactly ``rejected``, in one transaction that holds
+    the lock of the partition's quarantine, so two runs replacing it at once take turns."""
     now = datetime.now(UTC)
     with engine.begin() as connection:
+        lock_partition(connection, quarantined_rows.name, f"{source}/{partition_key}")
         connection.execute(delete(quarantined_rows).where(
             quarantined_rows.c.source == source,
             quarantined_rows.c.partition_key == partition_key,
