@@ -5,9 +5,11 @@ deploy/ starts them, and runs driven by ``dagster job execute`` with ``MOSTOVIK_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +65,7 @@ class Deployment:
     warehouse_url: str
     secrets: list[str]
     workers: dict[str, CeleryWorker] = field(default_factory=dict)
+    runs: list[subprocess.Popen] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
 
     def start_worker(self, name: str) -> CeleryWorker:
@@ -73,16 +76,29 @@ class Deployment:
     def start_run(self, *args: str, **tags: str) -> subprocess.Popen:
         """``dagster job execute *args`` with ``tags``, in a process of its own."""
         tag_args = ["--tags", json.dumps(tags)] if tags else []
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "job", "execute", *args, *tag_args],
             env={**os.environ, **self.environment}, cwd=self.work_dir,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
+        self.runs.append(process)
+        return process
 
     def finish(self, process: subprocess.Popen, timeout: float = 150) -> int:
-        output, _ = process.communicate(timeout=timeout)
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_session(process)
+            raise
         self.outputs.append(output)
         return process.returncode
+
+    def stop(self) -> None:
+        """Kill any run still going, then stop the workers: nothing outlives the module."""
+        for process in self.runs:
+            _kill_session(process)
+        for worker in self.workers.values():
+            worker.stop()
 
     def celery(self, *args: str) -> str:
         """``deploy/bin/mostovik-celery *args``, as an operator runs it."""
@@ -172,8 +188,7 @@ def deployment(
             worker.wait_ready()
         yield deployment
     finally:
-        for worker in deployment.workers.values():
-            worker.stop()
+        deployment.stop()
         with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
             for name in (dagster_db, warehouse_db):
                 connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -326,6 +341,13 @@ def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
               if str(r["partition_date"]) == KILLED_PARTITION]
     assert len(loaded) == 12
     assert loaded == _business_rows(pg_warehouse_url)
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=30)
 
 
 def _business_rows(url: str) -> list[dict]:
