@@ -141,6 +141,11 @@ def build_source_definitions(spec: SourceSpec) -> Definitions:
     return Definitions(assets=[source_asset], jobs=[job], schedules=schedules)
 
 
+def _op_tags(spec: SourceSpec) -> dict[str, str]:
+    """Routes the source's steps to its Celery queue, when it declares one."""
+    return {"dagster-celery/queue": spec.celery_queue} if spec.celery_queue else {}
+
+
 def _set_aside(
     context: OpExecutionContext, step: StepContext, policy: RetryPolicy, exc: Exception,
     ranged: bool,
@@ -161,6 +166,7 @@ def _extract_op(spec: SourceSpec):
         name=f"extract_{spec.name}",
         description=f"Fetch partitions of {spec.name} and land the raw payloads.",
         required_resource_keys={resource_key, LANDING_KEY},
+        tags=_op_tags(spec),
     )
     def extract(context: OpExecutionContext, config: ExtractConfig) -> dict:
         record_step(context, spec)
@@ -223,6 +229,7 @@ def _transform_op(spec: SourceSpec):
         name=f"transform_{spec.name}",
         description=f"Parse and validate the landed payloads of {spec.name}.",
         required_resource_keys={LANDING_KEY},
+        tags=_op_tags(spec),
     )
     def transform(context: OpExecutionContext, extracted: dict) -> dict:
         record_step(context, spec)
@@ -269,6 +276,7 @@ def _load_op(spec: SourceSpec):
         description=f"Upsert partitions of {spec.name} into {spec.table.name}.",
         required_resource_keys={WAREHOUSE_KEY},
         out=Out(is_required=False),
+        tags=_op_tags(spec),
     )
     def load(context: OpExecutionContext, transformed: dict):
         record_step(context, spec)

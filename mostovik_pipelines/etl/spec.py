@@ -124,6 +124,9 @@ class SourceSpec:
     on_concurrent_run: ConcurrentRunPolicy = ConcurrentRunPolicy.WAIT
     """What a run does when an older run of the same partition is in progress (see locking)."""
     concurrent_run_wait_seconds: float = 15 * 60
+    celery_queue: str | None = None
+    """The Celery queue its steps go to (e.g. workers that see the file inbox); default queue
+    when unset. Only used with MOSTOVIK_EXECUTOR=celery."""
     max_runtime_seconds: int = 15 * 60
     """A run taking longer is hung: run monitoring fails it and ``jobs list --stuck`` shows it."""
 
