@@ -18,12 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy.types import TypeEngine
 
 from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
 from mostovik_pipelines.etl.spec import ParsedRows, RejectedRow
 
 SHOWN_REASONS = 3
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ def validate_partition(
         _flag(reasons, bad, frame[target.partition_column] != target.partition_value(partition_key),
               f"{target.partition_column} is not partition {partition_key}")
 
+    for name in expected:
+        _flag_values_the_column_cannot_hold(reasons, bad, frame[name], target.table.c[name].type)
+
     exact_duplicates = frame.duplicated(keep="first") & ~bad
     candidates = frame[~exact_duplicates & ~bad]
     conflicting = candidates.duplicated(subset=list(target.natural_key), keep=False)
@@ -82,6 +88,22 @@ def _flag(reasons: dict[int, str], bad: pd.Series, mask: pd.Series, reason: str)
     for index in mask[mask & ~bad].index:
         reasons[int(index)] = reason
     bad |= mask
+
+
+def _flag_values_the_column_cannot_hold(
+    reasons: dict[int, str], bad: pd.Series, values: pd.Series, column_type: TypeEngine
+) -> None:
+    """Reject a row, not the whole load, when one value is too long or too large for its
+    column: the database would otherwise fail the partition's transaction on it."""
+    present = values.notna()
+    if isinstance(column_type, String) and column_type.length:
+        too_long = present & (values.astype(str).str.len() > column_type.length)
+        _flag(reasons, bad, too_long,
+              f"{values.name} is longer than the {column_type.length} characters it may hold")
+    elif isinstance(column_type, Integer) and not isinstance(column_type, BigInteger):
+        numbers = pd.to_numeric(values.where(present), errors="coerce")
+        out_of_range = present & ((numbers < INT32_MIN) | (numbers > INT32_MAX))
+        _flag(reasons, bad, out_of_range, f"{values.name} is beyond a 32-bit integer")
 
 
 def _refuse_systematic_defects(

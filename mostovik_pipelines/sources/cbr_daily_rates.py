@@ -10,10 +10,12 @@ its latest rates: that partition is "not available yet", and nothing is loaded u
 
 from __future__ import annotations
 
+import contextlib
 import re
 import xml.etree.ElementTree as ET
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
+from xml.parsers import expat
 from zoneinfo import ZoneInfo
 
 import pandas as pd
@@ -47,6 +49,7 @@ VALUTE_COLUMNS = ("cbr_id", "num_code", "char_code", "nominal", "name", "value",
 CHAR_CODE = re.compile(r"^[A-Z]{3}$")
 NUM_CODE = re.compile(r"^\d{3}$")
 LARGEST_PLAUSIBLE_RATE = Decimal("1000000")
+LARGEST_PLAUSIBLE_NOMINAL = 1_000_000  # published nominals are 1 to 10 000
 UNIT_RATE_PRECISION = Decimal("0.00000001")
 
 cbr_daily_rates_table = warehouse_table(
@@ -105,15 +108,28 @@ def parse_daily_rates(request: TransformRequest) -> ParsedRows:
 
 
 def _parse_xml(content: bytes) -> ET.Element:
-    head = content[:4096].upper()
-    if b"<!DOCTYPE" in head or b"<!ENTITY" in head:
-        raise SourceContractError("response declares a DTD or entities, which XML_daily never does")
+    _refuse_dtd(content)
     try:
         return ET.fromstring(content)
     except ET.ParseError as exc:
         raise SourceContractError(f"response is not well-formed XML ({exc})") from exc
     except (LookupError, UnicodeError) as exc:
         raise SourceContractError(f"response has an unreadable encoding ({exc})") from exc
+
+
+def _refuse_dtd(content: bytes) -> None:
+    """XML_daily never declares a DTD; one that does is refused before any entity is expanded,
+    whatever the document's encoding or where the declaration stands."""
+
+    def refuse(*_args: object) -> None:
+        raise SourceContractError("response declares a DTD or entities, which XML_daily never does")
+
+    scanner = expat.ParserCreate()
+    scanner.StartDoctypeDeclHandler = refuse
+    scanner.EntityDeclHandler = refuse
+    # A document that is not well-formed is left to the parse below, which says where and why.
+    with contextlib.suppress(expat.ExpatError, LookupError, UnicodeError, ValueError):
+        scanner.Parse(content, True)
 
 
 def _parse_rate_date(value: str | None) -> date:
@@ -142,6 +158,10 @@ def _parse_valute(valute: ET.Element, position: int) -> dict:
         raise DataValidationError(f"{where}: CharCode {char_code[:20]!r} is not three letters")
     if not NUM_CODE.match(num_code):
         raise DataValidationError(f"{where}: NumCode {num_code[:20]!r} is not three digits")
+    if len(fields["Name"]) > NAME_LENGTH:
+        raise DataValidationError(
+            f"{where}: Name is {len(fields['Name'])} characters long, more than {NAME_LENGTH}"
+        )
     nominal = _parse_nominal(fields["Nominal"], where)
     value = _parse_amount(fields["Value"], where, "Value")
     unit_text = valute.findtext("VunitRate")
@@ -158,6 +178,8 @@ def _parse_valute(valute: ET.Element, position: int) -> dict:
 def _parse_nominal(text: str, where: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise DataValidationError(f"{where}: Nominal {text[:20]!r} is not a positive integer")
+    if int(text) > LARGEST_PLAUSIBLE_NOMINAL:
+        raise DataValidationError(f"{where}: Nominal {text[:20]!r} is not a plausible nominal")
     return int(text)
 
 
@@ -171,6 +193,8 @@ def _parse_amount(text: str, where: str, field: str) -> Decimal:
         raise DataValidationError(f"{where}: {field} {text[:20]!r} is not a plausible rate")
     return amount
 
+
+NAME_LENGTH = cbr_daily_rates_table.c.name.type.length
 
 SOURCE = SourceSpec(
     name="cbr_daily_rates",

@@ -1,0 +1,65 @@
+"""The checks every partition passes before loading, and the de-duplication policy."""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+import pandas as pd
+import pytest
+
+from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.etl.validation import validate_partition
+from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
+
+DAY = date(2026, 11, 5)
+
+
+def row(code: str, value: str = "1.0000", **overrides) -> dict:
+    return {"partition_date": DAY, "rate_date": DAY, "cbr_id": f"R{code}", "num_code": "001",
+            "char_code": code, "nominal": 1, "name": code, "value": Decimal(value),
+            "unit_rate": Decimal(value)} | overrides
+
+
+def validate(rows: list[dict], max_rejected_share: float = 0.9):
+    return validate_partition(pd.DataFrame(rows), SOURCE.load_target, DAY.isoformat(),
+                              max_rejected_share)
+
+
+def test_exact_duplicates_are_dropped_and_conflicting_ones_rejected():
+    result = validate([row("USD"), row("USD"), row("EUR", "1.0"), row("EUR", "2.0"), row("JPY")])
+    assert list(result.frame["char_code"]) == ["USD", "JPY"]
+    assert result.duplicates_dropped == 1
+    assert [(r.row_number, r.reason) for r in result.rejected] == [
+        (3, "shares its natural key with a different row"),
+        (4, "shares its natural key with a different row"),
+    ]
+
+
+def test_rows_outside_the_partition_or_without_a_key_are_rejected():
+    result = validate([row("USD"), row("EUR", partition_date=date(2026, 11, 6)),
+                       row("JPY", char_code=None)])
+    assert list(result.frame["char_code"]) == ["USD"]
+    reasons = {r.row_number: r.reason for r in result.rejected}
+    assert reasons == {2: "partition_date is not partition 2026-11-05",
+                       3: "incomplete natural key ['partition_date', 'char_code']"}
+
+
+def test_values_the_columns_cannot_hold_reject_their_row_not_the_load():
+    result = validate([row("USD"), row("EUR", name="x" * 256), row("JPY", nominal=2**31)])
+    assert list(result.frame["char_code"]) == ["USD"]
+    assert {r.row_number: r.reason for r in result.rejected} == {
+        2: "name is longer than the 255 characters it may hold",
+        3: "nominal is beyond a 32-bit integer",
+    }
+
+
+def test_too_many_rejections_are_a_systematic_defect():
+    with pytest.raises(DataValidationError, match=r"systematic defect: 2 of 3 rows rejected"):
+        validate([row("USD"), row("EUR", char_code=None), row("JPY", char_code=None)],
+                 max_rejected_share=0.5)
+
+
+def test_a_frame_without_the_table_columns_is_a_contract_change():
+    with pytest.raises(SourceContractError, match=r"missing \['unit_rate'\]"):
+        validate([{k: v for k, v in row("USD").items() if k != "unit_rate"}])
