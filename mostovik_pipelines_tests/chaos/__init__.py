@@ -41,7 +41,7 @@ def summary(totals: Totals, seed: int, seconds: float) -> str:
         f"{totals.settle_runs})",
         f"  differences found:    {totals.differences}",
         f"  duplicates found:     {totals.duplicates}",
-        f"  other failures:       {len(totals.failures) - totals.differences}",
+        f"  unsettled partitions or failed references: {totals.errors}",
         f"  wall time:            {seconds:.0f} s",
         f"  seed:                 {seed}   (replay: make chaos CHAOS_ARGS='--seed {seed} "
         f"--scenarios {totals.scenarios}')",
