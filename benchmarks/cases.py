@@ -43,24 +43,38 @@ def generate(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def reference(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """Plain ``COPY`` into an empty table without indexes, serialised by Arrow's CSV writer."""
+    """Plain ``COPY`` serialised by Arrow's CSV writer: into an empty table without indexes, or
+    (``keyed``) into an empty table shaped like ours, in key order, bookkeeping values added."""
     import psycopg
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.csv as pa_csv
 
+    from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
+
     frame = _read_frame(args["frame"])
+    keyed = args.get("keyed", False)
+    table_name = "bench_reference_keyed" if keyed else "bench_reference"
+    constants = dict.fromkeys(BOOKKEEPING_COLUMNS, "2026-11-05T12:00:00+00:00") if keyed else {}
+    constants = {name: "run-bench" if name.endswith("_run") else value
+                 for name, value in constants.items()}
+    columns = [*frame.columns, *constants]
     connection = psycopg.connect(args["dsn"])
 
     def run() -> dict[str, Any]:
         options = pa_csv.WriteOptions(include_header=False)
+        rows = pa.Table.from_pandas(frame, preserve_index=False)
+        if keyed:
+            rows = rows.take(pc.sort_indices(rows, [("external_id", "ascending")]))
         with connection.cursor().copy(
-            f"COPY bench_reference ({', '.join(frame.columns)}) FROM STDIN (FORMAT csv)"
+            f"COPY {table_name} ({', '.join(columns)}) FROM STDIN (FORMAT csv)"
         ) as copy:
             for start in range(0, len(frame), 50_000):
-                table = pa.Table.from_pandas(frame.iloc[start:start + 50_000],
-                                             preserve_index=False)
+                chunk = rows.slice(start, 50_000)
+                for name, value in constants.items():
+                    chunk = chunk.append_column(name, pa.repeat(pa.scalar(value), len(chunk)))
                 buffer = io.BytesIO()
-                pa_csv.write_csv(table, buffer, options)
+                pa_csv.write_csv(chunk, buffer, options)
                 copy.write(buffer.getbuffer())
         connection.commit()
         return {"rows": len(frame)}

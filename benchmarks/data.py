@@ -49,6 +49,9 @@ REPLACE_TABLE = _target_table("bench_replace")
 MERGE_TABLE = _target_table("bench_merge")
 # The physical reference: the same columns, no constraint, no index, no bookkeeping.
 REFERENCE_TABLE = Table("bench_reference", bench_metadata, *_columns())
+# What our table itself costs: the same plain COPY into a table shaped like ours (natural-key
+# index, four bookkeeping columns), rows in key order. No loader writing our table can beat it.
+KEYED_REFERENCE_TABLE = _target_table("bench_reference_keyed")
 # What a to_sql or dlt user would load into: the same columns, nothing else of ours.
 PLAIN_TABLE = Table("bench_to_sql", bench_metadata, *_columns())
 

@@ -104,6 +104,7 @@ def _loader_table(f: LoaderFigures, checks: list[tuple[bool, str]]) -> list[str]
                 f"{figure.peak_mb:>7.0f} MB{figure.own_mb:>7.0f} MB  {tuples}{note}")
 
     lines.append(row(reference))
+    lines.append(row(f.keyed_reference))
     for figure in f.ours.values():
         lines.append(row(figure, f"  {_counts(figure)}"))
     lines.append(row(f.to_sql, f"  (1M rows would take ~{1_000_000 / f.to_sql.rows_per_second:,.0f}"
@@ -120,8 +121,10 @@ def _loader_table(f: LoaderFigures, checks: list[tuple[bool, str]]) -> list[str]
     for mode in MODES:
         first, same = f.ours[(mode, "first")], f.ours[(mode, "identical")]
         share = first.rows_per_second / reference.rows_per_second
+        floor = f.keyed_reference.rows_per_second / reference.rows_per_second
         checks.append((share >= 0.5, f"ours {mode} first load at {share:.2f}x the physical "
-                                     "reference's throughput (target >= 0.50x)"))
+                                     "reference's throughput (target >= 0.50x; a plain COPY "
+                                     f"into a table shaped like ours: {floor:.2f}x)"))
         written = sum((same.written or {}).values())
         checks.append((same.median <= 0.15 * first.median and written == 0,
                        f"ours {mode} re-load of identical data: {same.median / first.median:.0%}"
