@@ -4,7 +4,6 @@ to both. Every test gets a database of its own, cloned from a migrated template.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,9 @@ from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResourc
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
-REPO = Path(__file__).resolve().parent.parent
 TEMPLATE_DB = "mostovik_template"
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2)
 
@@ -121,20 +120,4 @@ def instance() -> Iterator[DagsterInstance]:
 def production_home(postgres, tmp_path) -> tuple[Path, dict[str, str]]:
     """A DAGSTER_HOME with deploy/dagster.yaml (PostgreSQL run storage) and its environment,
     on a fresh database."""
-    database = f"dagster_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {database}")
-    home = tmp_path / "dagster_home_pg"
-    home.mkdir()
-    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
-    environment = {
-        "DAGSTER_HOME": str(home),
-        "MOSTOVIK_DAGSTER_PG_USER": "mostovik",
-        "MOSTOVIK_DAGSTER_PG_PASSWORD": postgres.password,
-        "MOSTOVIK_DAGSTER_PG_HOST": "127.0.0.1",
-        "MOSTOVIK_DAGSTER_PG_PORT": str(postgres.port),
-        "MOSTOVIK_DAGSTER_PG_DB": database,
-        "MOSTOVIK_DAGSTER_ARTIFACT_DIR": str(tmp_path / "artifacts"),
-        "MOSTOVIK_DAGSTER_LOG_DIR": str(tmp_path / "compute_logs"),
-    }
-    return home, environment
+    return production_instance(postgres, f"dagster_{uuid.uuid4().hex[:12]}", tmp_path)

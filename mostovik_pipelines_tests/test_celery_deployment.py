@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +36,8 @@ from mostovik_pipelines_tests.support.celery_workers import (
     celery_command,
     celery_environment,
 )
-from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, backend_waiting_on_a_lock
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
@@ -154,20 +154,10 @@ def deployment(
     suffix = uuid.uuid4().hex[:8]
     dagster_db, warehouse_db = f"dagster_celery_{suffix}", f"wh_celery_{suffix}"
     with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {dagster_db}")
         connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home = work_dir / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    home, instance_environment = production_instance(postgres, dagster_db, work_dir)
     environment = {
-        "DAGSTER_HOME": str(home),
-        "MOSTOVIK_DAGSTER_PG_USER": "mostovik",
-        "MOSTOVIK_DAGSTER_PG_PASSWORD": postgres.password,
-        "MOSTOVIK_DAGSTER_PG_HOST": "127.0.0.1",
-        "MOSTOVIK_DAGSTER_PG_PORT": str(postgres.port),
-        "MOSTOVIK_DAGSTER_PG_DB": dagster_db,
-        "MOSTOVIK_DAGSTER_ARTIFACT_DIR": str(work_dir / "artifacts"),
-        "MOSTOVIK_DAGSTER_LOG_DIR": str(work_dir / "compute_logs"),
+        **instance_environment,
         "MOSTOVIK_EXECUTOR": "celery",
         "MOSTOVIK_CELERY_BROKER_URL": redis_server.url(0),
         "MOSTOVIK_CELERY_BACKEND_URL": redis_server.url(1),
@@ -298,7 +288,8 @@ def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
         process = deployment.start_run(
             *CBR_JOB, **{PARTITION_TAG: KILLED_PARTITION, CASE_TAG: "worker-killed"}
         )
-        assert _wait_for_a_load_waiting_on_the_lock(holder), "the load never reached its lock"
+        assert backend_waiting_on_a_lock(holder, "%pg_advisory_xact_lock%", timeout=90), (
+            "the load never reached its lock")
         with deployment.instance() as instance:
             (run,) = instance.get_runs(RunsFilter(tags={CASE_TAG: "worker-killed"}))
             hostname = _step_workers(instance, run.run_id)["cbr_daily_rates.load_cbr_daily_rates"]
@@ -377,14 +368,3 @@ def _submissions(instance: DagsterInstance, run_id: str) -> list[tuple[str, str]
     return submitted
 
 
-def _wait_for_a_load_waiting_on_the_lock(holder: psycopg.Connection, timeout: float = 90) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = holder.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()"
-        ).fetchone()
-        if row:
-            return True
-        time.sleep(0.1)
-    return False

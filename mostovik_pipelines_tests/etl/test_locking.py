@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
+from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock
 from mostovik_pipelines_tests.support.processes import (
     run_environment,
     start_job_execute,
@@ -116,7 +117,7 @@ def test_a_run_killed_while_holding_the_lock_leaves_the_partition_as_before(
                     (date.fromisoformat(PARTITION),))
     observer = psycopg.connect(postgres.dsn(database), autocommit=True)
     doomed = start_job_execute(PARTITION, env, tmp_path)
-    backend = _backend_blocked_in_update(observer)
+    backend = backend_waiting_on_a_lock(observer, "UPDATE%cbr_daily_rates%")
     assert backend is not None, "the run never reached its UPDATE"
     assert _advisory_locks_held(observer, backend) == 1
 
@@ -141,19 +142,6 @@ def test_a_run_killed_while_holding_the_lock_leaves_the_partition_as_before(
     assert killed.status in (DagsterRunStatus.STARTED, DagsterRunStatus.FAILURE)
     assert instance.get_records_for_run(
         killed.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records == []
-
-
-def _backend_blocked_in_update(observer, timeout: float = 60) -> int | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = observer.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'UPDATE%cbr_daily_rates%'"
-        ).fetchone()
-        if row:
-            return row[0]
-        time.sleep(0.1)
-    return None
 
 
 def _advisory_locks_held(observer, pid: int | None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import psycopg
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines_tests.conftest import code_location_for
+from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock
 from mostovik_pipelines_tests.support.runs import (
     load_metadata,
     run_partition,
@@ -119,7 +119,9 @@ def test_a_load_whose_connection_is_killed_is_retried_to_an_exact_table(
         target=lambda: outcome.setdefault("result", run_partition(cbr_job, PARTITION, instance))
     )
     runner.start()
-    killed = _terminate_backend_waiting_for_lock(holder)
+    waiting = backend_waiting_on_a_lock(holder, "%pg_advisory_xact_lock%")
+    killed = waiting is not None and holder.execute(
+        "SELECT pg_terminate_backend(%s)", (waiting,)).fetchone()[0]
     holder.execute("SELECT pg_advisory_unlock(%s, %s)", (table_key, partition_key))
     holder.close()
     runner.join(timeout=60)
@@ -132,19 +134,6 @@ def test_a_load_whose_connection_is_killed_is_retried_to_an_exact_table(
     assert len(rows) == 10
     assert len({(r["partition_date"], r["char_code"]) for r in rows}) == 10
     assert next(r for r in rows if r["char_code"] == "USD")["value"] == 70
-
-
-def _terminate_backend_waiting_for_lock(holder: psycopg.Connection, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = holder.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()"
-        ).fetchone()
-        if row:
-            return holder.execute("SELECT pg_terminate_backend(%s)", row).fetchone()[0]
-        time.sleep(0.05)
-    return False
 
 
 def test_retry_policy_backs_off_exponentially_with_bounded_jitter():

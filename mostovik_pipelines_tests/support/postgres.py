@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 SERVER_USER = "mostovik-pg"
@@ -92,3 +93,19 @@ def _ensure_system_user(name: str) -> None:
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
                         name], check=True)
+
+
+def backend_waiting_on_a_lock(observer, query_like: str, timeout: float = 60) -> int | None:
+    """The pid of another backend waiting on a lock while running a statement that matches
+    ``query_like`` (SQL LIKE), polled until ``timeout``; ``observer`` must be in autocommit,
+    since pg_stat_activity is a snapshot per transaction."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = observer.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s AND pid <> pg_backend_pid()", (query_like,)
+        ).fetchone()
+        if row:
+            return row[0]
+        time.sleep(0.05)
+    return None

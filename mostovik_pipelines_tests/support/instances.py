@@ -1,0 +1,32 @@
+"""The production Dagster instance (deploy/dagster.yaml) on the throw-away PostgreSQL."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import psycopg
+
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def production_instance(postgres: ThrowawayPostgres, database: str,
+                        work_dir: Path) -> tuple[Path, dict[str, str]]:
+    """A DAGSTER_HOME with deploy/dagster.yaml on a new database, and the environment it reads."""
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {database}")
+    home = work_dir / "dagster_home_pg"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    return home, {
+        "DAGSTER_HOME": str(home),
+        "MOSTOVIK_DAGSTER_PG_USER": "mostovik",
+        "MOSTOVIK_DAGSTER_PG_PASSWORD": postgres.password,
+        "MOSTOVIK_DAGSTER_PG_HOST": "127.0.0.1",
+        "MOSTOVIK_DAGSTER_PG_PORT": str(postgres.port),
+        "MOSTOVIK_DAGSTER_PG_DB": database,
+        "MOSTOVIK_DAGSTER_ARTIFACT_DIR": str(work_dir / "artifacts"),
+        "MOSTOVIK_DAGSTER_LOG_DIR": str(work_dir / "compute_logs"),
+    }
