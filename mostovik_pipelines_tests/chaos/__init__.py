@@ -10,7 +10,7 @@ from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
 from mostovik_pipelines_tests.chaos.scenarios import ChaosSuite, Totals
 
 
-def run_chaos(env: ChaosEnvironment, seed: int, scenarios: int, cli_share: float = 0.3,
+def run_chaos(env: ChaosEnvironment, seed: int, scenarios: int, cli_share: float = 0.35,
               log=print) -> Totals:
     """Run ``scenarios`` scenarios and print the summary; the totals say what happened."""
     started = time.monotonic()

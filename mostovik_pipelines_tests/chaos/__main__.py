@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mostovik_pipelines_tests.chaos")
     parser.add_argument("--seed", type=int, default=None, help="default: a random seed")
     parser.add_argument("--scenarios", type=int, default=200)
-    parser.add_argument("--cli-share", type=float, default=0.3,
+    parser.add_argument("--cli-share", type=float, default=0.35,
                         help="share of scenarios that start and kill `dagster job execute`")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (run logs)")
     args = parser.parse_args(argv)

@@ -128,7 +128,7 @@ def partition_pool(today: date, size: int) -> list[str]:
 
 
 class ChaosSuite:
-    def __init__(self, env: ChaosEnvironment, seed: int, cli_share: float = 0.3,
+    def __init__(self, env: ChaosEnvironment, seed: int, cli_share: float = 0.35,
                  pool_size: int = 12, log=print) -> None:
         self.env = env
         self.seed = seed
