@@ -353,8 +353,12 @@ def _compare(target: LoadTarget, rows: pa.Table, stored: pa.Table
         mine, theirs = candidates.column(name), stored.column(name).take(stored_at)
         if name == target.version_column:
             # Merge-by-version: only a newer version can win, so an equal or older one is
-            # unchanged whatever its data.
-            equal = pc.less_equal(mine.cast(theirs.type), theirs)
+            # unchanged whatever its data. Versions read back as text (timestamps, strings)
+            # do not order as the database orders them: those rows are staged.
+            if mine.type.equals(theirs.type) and not _is_text(theirs.type):
+                equal = pc.less_equal(mine, theirs)
+            else:
+                equal = pa.array(np.zeros(len(theirs), dtype=bool))
         else:
             equal = _equal(mine if mine.type.equals(theirs.type) else mine.cast(pa.string()),
                            theirs)
