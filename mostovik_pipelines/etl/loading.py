@@ -147,11 +147,13 @@ def _load_postgresql(connection: Connection, target: LoadTarget, frame: pd.DataF
     else:
         maybe_changed, vanished_rows = _compare(target, rows, stored)
         pending, vanished = rows.filter(maybe_changed), stored.filter(vanished_rows)
-    stage = _create_stage(connection, target.table, target.columns)
-    _copy(connection, stage.name, pending, target.natural_key)
-    connection.exec_driver_sql(f"ANALYZE {_quote(connection, stage.name)}")
-    counts = _merge_stage(connection, target, stage, pending.num_rows, partition_key,
-                          bookkeeping, delete_vanished=vanished is None)
+    counts = LoadCounts(inserted=0, updated=0, unchanged=0, deleted=0)
+    if vanished is None or pending.num_rows:
+        stage = _create_stage(connection, target.table, target.columns)
+        _copy(connection, stage.name, pending, target.natural_key)
+        connection.exec_driver_sql(f"ANALYZE {_quote(connection, stage.name)}")
+        counts = _merge_stage(connection, target, stage, pending.num_rows, partition_key,
+                              bookkeeping, delete_vanished=vanished is None)
     deleted = counts.deleted
     if vanished is not None and vanished.num_rows:
         deleted = _delete_listed(connection, target, vanished, partition_value)
