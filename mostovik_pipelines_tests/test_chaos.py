@@ -42,22 +42,19 @@ def test_after_kills_faults_duplicates_and_reruns_the_data_equals_one_clean_run(
     assert totals.failures == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: replace_quarantine runs in a transaction of its own after the load commits, "
-    "without the partition's lock, so two loads of one partition can each keep their rejected "
-    "rows; fix: replace the quarantine inside load_partition's transaction (or take "
-    "lock_partition first)"))
 def test_two_loads_replacing_one_partitions_quarantine_at_once_keep_each_row_once(
     pg_warehouse_url, postgres
 ):
-    """The moment two runs of one partition meet after their loads (the business lock orders the
-    loads, not what follows them): both replace the partition's quarantine at once."""
+    """The moment two runs of one partition meet after their loads: both replace the partition's
+    quarantine at once. (Found by this suite: the quarantine was replaced without a lock, and
+    each run kept its own copy of the rejected row.)"""
     engine = warehouse_engine(pg_warehouse_url)
     rejected = [RejectedRow(3, "<Valute>...</Valute>", "Value 'n/a' is not a decimal")]
     replace_quarantine(engine, "cbr_daily_rates", "2026-11-04", "run-0", rejected)
     dsn = postgres.dsn(pg_warehouse_url.rsplit("/", 1)[1])
     with psycopg.connect(dsn) as blocker, psycopg.connect(dsn, autocommit=True) as observer:
-        # Hold the stored row so that both replacements are inside their DELETE at once.
+        # Hold the stored row so that both replacements are under way at once: inside their
+        # DELETE, or one of them waiting for the other's lock.
         blocker.execute("SELECT 1 FROM quarantined_rows FOR UPDATE")
         runs = [threading.Thread(target=replace_quarantine, args=(
             engine, "cbr_daily_rates", "2026-11-04", run_id, rejected)) for run_id in "AB"]
@@ -66,7 +63,7 @@ def test_two_loads_replacing_one_partitions_quarantine_at_once_keep_each_row_onc
         deadline = time.monotonic() + 30
         while observer.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'DELETE FROM quarantined_rows%'").fetchone()[0] < 2:
+            "AND datname = current_database()").fetchone()[0] < 2:
             assert time.monotonic() < deadline, "the replacements never met"
             time.sleep(0.02)
         blocker.rollback()
