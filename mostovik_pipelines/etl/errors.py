@@ -17,6 +17,7 @@ import sqlite3
 from dataclasses import dataclass
 
 import httpx
+import psycopg
 import sqlalchemy.exc
 
 # SQLSTATEs that are worth another attempt of the whole load transaction.
@@ -153,6 +154,9 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(True, "network", reason)
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
         return _classify_database_error(exc, reason)
+    if isinstance(exc, psycopg.Error):
+        # Raised by the driver itself, unwrapped, on the loader's COPY path.
+        return _classify_driver_error(exc, reason)
     if isinstance(exc, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError):
         return Verdict(False, "configuration_error", reason)
     if isinstance(exc, sqlite3.OperationalError) and _sqlite_is_busy(exc):
@@ -185,6 +189,19 @@ def _classify_database_error(exc: sqlalchemy.exc.DBAPIError, reason: str) -> Ver
         # psycopg raises OperationalError without a SQLSTATE when the connection itself broke.
         return Verdict(True, "database_connection_lost", reason)
     if isinstance(exc, sqlalchemy.exc.IntegrityError):
+        return Verdict(False, "integrity_violation", reason)
+    return Verdict(False, "database_error", reason)
+
+
+def _classify_driver_error(exc: psycopg.Error, reason: str) -> Verdict:
+    sqlstate = exc.sqlstate
+    if sqlstate in TRANSIENT_SQLSTATES:
+        return Verdict(True, "database_transient", f"{TRANSIENT_SQLSTATES[sqlstate]}: {reason}")
+    if sqlstate is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return Verdict(True, "database_connection_lost", reason)
+    if sqlstate and sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES:
+        return Verdict(True, "database_connection_lost", reason)
+    if isinstance(exc, psycopg.IntegrityError):
         return Verdict(False, "integrity_violation", reason)
     return Verdict(False, "database_error", reason)
 

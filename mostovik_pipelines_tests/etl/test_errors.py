@@ -6,6 +6,7 @@ import errno
 import sqlite3
 
 import httpx
+import psycopg
 import pytest
 import sqlalchemy.exc
 
@@ -49,6 +50,9 @@ TRANSIENT = [
     OSError(errno.EAGAIN, "try again"),
     TimeoutError("timed out"),
     ConnectionResetError(errno.ECONNRESET, "reset"),
+    psycopg.OperationalError("consuming input failed: server closed the connection"),
+    psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+    psycopg.errors.SerializationFailure("could not serialize access"),
 ]
 
 PERMANENT = [
@@ -65,6 +69,8 @@ PERMANENT = [
     KeyError("field"),
     ValueError("bad"),
     ZeroDivisionError(),
+    psycopg.errors.UniqueViolation("duplicate key"),
+    psycopg.errors.InvalidTextRepresentation("invalid input syntax for type numeric"),
 ]
 
 
