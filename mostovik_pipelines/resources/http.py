@@ -8,7 +8,8 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import PrivateAttr
 
 from mostovik_pipelines.etl.errors import (
     ConfigurationError,
@@ -35,10 +36,26 @@ class HttpSourceResource(ConfigurableResource):
     token: str | None = None
     """Bearer token, from an ``EnvVar``; never logged."""
 
+    _client: httpx.Client | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        # One client per step: its connection pool and TLS context serve every request of a
+        # ranged run, instead of a new handshake and CA bundle load (~50 ms) per partition.
+        self._client = httpx.Client(timeout=self.timeout_seconds)
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def get(self, params: dict[str, str] | None = None, path: str = "") -> HttpResponse:
         url = self._url(path)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        response = httpx.get(url, params=params, headers=headers, timeout=self.timeout_seconds)
+        if self._client is not None:
+            response = self._client.get(url, params=params, headers=headers)
+        else:
+            response = httpx.get(url, params=params, headers=headers,
+                                 timeout=self.timeout_seconds)
         shown = _without_credentials(str(response.request.url))
         if response.status_code == 429:
             raise SourceRateLimited(
