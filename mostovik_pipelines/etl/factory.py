@@ -18,6 +18,7 @@ loaded, the partition stays unmaterialised, and a later run picks it up.
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 
 import pandas as pd
 from dagster import (
@@ -289,9 +290,12 @@ def _load_op(spec: SourceSpec):
                 continue
             step = StepContext(spec.name, key, "load")
             try:
-                counts = load_partition(engine, spec.load_target, outcome.frame, key,
-                                        context.run_id)
-                replace_quarantine(engine, spec.name, key, context.run_id, outcome.rejected)
+                counts = load_partition(
+                    engine, spec.load_target, outcome.frame, key, context.run_id,
+                    within_transaction=partial(replace_quarantine, source=spec.name,
+                                               partition_key=key, run_id=context.run_id,
+                                               rejected=outcome.rejected),
+                )
             except Exception as exc:
                 failed.append(_set_aside(context, step, spec.load_retry, exc,
                                          len(transformed) > 1))

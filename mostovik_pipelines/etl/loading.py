@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -117,18 +117,25 @@ class LoadCounts:
 
 
 def load_partition(
-    engine: Engine, target: LoadTarget, frame: pd.DataFrame, partition_key: str, run_id: str
+    engine: Engine, target: LoadTarget, frame: pd.DataFrame, partition_key: str, run_id: str,
+    within_transaction: Callable[[Connection], None] | None = None,
 ) -> LoadCounts:
-    """Make ``target`` hold exactly ``frame`` for the partition, in one transaction."""
+    """Make ``target`` hold exactly ``frame`` for the partition, in one transaction;
+    ``within_transaction`` writes what must commit with it (the partition's quarantine)."""
     frame = frame[target.columns]
     bookkeeping = {"run_id": run_id, "now": datetime.now(UTC)}
     with engine.begin() as connection:
         lock_partition(connection, target.table.name, partition_key)
         if connection.dialect.name == "postgresql":
-            return _load_postgresql(connection, target, frame, partition_key, bookkeeping)
-        stage = _create_stage(connection, target.table, target.columns)
-        _insert_into_stage(connection, stage, frame)
-        return _merge_stage(connection, target, stage, len(frame), partition_key, bookkeeping)
+            counts = _load_postgresql(connection, target, frame, partition_key, bookkeeping)
+        else:
+            stage = _create_stage(connection, target.table, target.columns)
+            _insert_into_stage(connection, stage, frame)
+            counts = _merge_stage(connection, target, stage, len(frame), partition_key,
+                                  bookkeeping)
+        if within_transaction is not None:
+            within_transaction(connection)
+    return counts
 
 
 def _load_postgresql(connection: Connection, target: LoadTarget, frame: pd.DataFrame,

@@ -1,8 +1,8 @@
 """Quarantine: rows a source sent that could not be loaded, kept with the reason.
 
 Nothing the source sent is silently dropped. A partition's quarantine is replaced on every load
-of that partition, exactly like its data, so re-runs never pile up stale rejections: after a
-clean re-load the partition's quarantine is empty.
+of that partition, in the load's own transaction, exactly like its data: re-runs never pile up
+stale rejections, and after a clean re-load the partition's quarantine is empty.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     Column,
+    Connection,
     DateTime,
     Engine,
     Index,
@@ -45,24 +46,37 @@ quarantined_rows = Table(
 
 
 def replace_quarantine(
-    engine: Engine, source: str, partition_key: str, run_id: str, rejected: Sequence[RejectedRow]
+    bind: Engine | Connection, source: str, partition_key: str, run_id: str,
+    rejected: Sequence[RejectedRow],
 ) -> None:
-    """Make the partition's quarantine hold exactly ``rejected``, in one transaction that holds
-    the lock of the partition's quarantine, so two runs replacing it at once take turns."""
+    """Make the partition's quarantine hold exactly ``rejected``: in the caller's transaction
+    when given a connection (the load's, so data and quarantine commit together), else in a
+    transaction of its own. Either way it takes the lock of the partition's quarantine, so two
+    runs replacing it at once take turns."""
+    if isinstance(bind, Engine):
+        with bind.begin() as connection:
+            _replace_quarantine(connection, source, partition_key, run_id, rejected)
+    else:
+        _replace_quarantine(bind, source, partition_key, run_id, rejected)
+
+
+def _replace_quarantine(
+    connection: Connection, source: str, partition_key: str, run_id: str,
+    rejected: Sequence[RejectedRow],
+) -> None:
     now = datetime.now(UTC)
-    with engine.begin() as connection:
-        lock_partition(connection, quarantined_rows.name, f"{source}/{partition_key}")
-        connection.execute(delete(quarantined_rows).where(
-            quarantined_rows.c.source == source,
-            quarantined_rows.c.partition_key == partition_key,
-        ))
-        if rejected:
-            connection.execute(insert(quarantined_rows), [
-                {"source": source, "partition_key": partition_key, "run_id": run_id,
-                 "row_number": row.row_number, "raw_row": row.raw, "reason": row.reason,
-                 "quarantined_at": now}
-                for row in rejected
-            ])
+    lock_partition(connection, quarantined_rows.name, f"{source}/{partition_key}")
+    connection.execute(delete(quarantined_rows).where(
+        quarantined_rows.c.source == source,
+        quarantined_rows.c.partition_key == partition_key,
+    ))
+    if rejected:
+        connection.execute(insert(quarantined_rows), [
+            {"source": source, "partition_key": partition_key, "run_id": run_id,
+             "row_number": row.row_number, "raw_row": row.raw, "reason": row.reason,
+             "quarantined_at": now}
+            for row in rejected
+        ])
 
 
 def quarantined_by_run(engine: Engine, run_id: str) -> list[dict]:

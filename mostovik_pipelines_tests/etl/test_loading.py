@@ -149,3 +149,26 @@ def test_loads_of_one_partition_wait_for_each_other_and_other_partitions_do_not(
     holder.close()
     same.join(timeout=30)
     assert finished[DAY.isoformat()] >= released
+
+
+def test_the_quarantine_commits_with_the_data_or_not_at_all(warehouse_url):
+    from functools import partial
+
+    from mostovik_pipelines.etl.quarantine import quarantined_by_run, replace_quarantine
+    from mostovik_pipelines.etl.spec import RejectedRow
+
+    engine = warehouse_engine(warehouse_url)
+
+    def quarantine(run_id: str):
+        return partial(replace_quarantine, source="cbr_daily_rates", partition_key="2026-11-05",
+                       run_id=run_id, rejected=[RejectedRow(4, "<Valute/>", "broken")])
+
+    load_partition(engine, SOURCE.load_target, rates(), DAY.isoformat(), "run-1",
+                   within_transaction=quarantine("run-1"))
+    broken = rates(CNY="2.0000")
+    broken.loc[broken["char_code"] == "CNY", "name"] = None
+    with pytest.raises(Exception, match=r"(?i)null"):
+        load_partition(engine, SOURCE.load_target, broken, DAY.isoformat(), "run-2",
+                       within_transaction=quarantine("run-2"))
+    assert [r["run_id"] for r in quarantined_by_run(engine, "run-1")] == ["run-1"]
+    assert quarantined_by_run(engine, "run-2") == []
