@@ -1,6 +1,6 @@
 """How runs execute, chosen by ``MOSTOVIK_EXECUTOR``; one choice for every job.
 
-* ``in_process`` (default): all three ops in the run's own process. A partition run costs ~4 s
+* ``in_process`` (default): all three ops in the run's own process. A partition run costs ~2.5 s
   instead of ~12 s with a process per step; right for local runs, tests and CI.
 * ``multiprocess``: a process per step, several partitions' steps in parallel on one machine.
 * ``celery``: each step is a Celery task on a worker (see ``deploy/README.md``), for production
