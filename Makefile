@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: install demo dev test bench chaos lint clean
+.PHONY: install demo dev test system-deps bench chaos lint clean
 
 $(BIN)/mostovik: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,9 +25,21 @@ dev: install
 	MOSTOVIK_CBR_URL=http://127.0.0.1:8765/cbr/XML_daily.asp \
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
-## The test suite. The tests start the throw-away PostgreSQL (and Redis) servers they need.
-test: install
+## The test suite. The tests start the throw-away PostgreSQL and Redis servers they need.
+test: install system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Debian packages whose servers the tests start; installed with apt when run as root.
+system-deps:
+	@missing=""; \
+	[ -x /usr/bin/redis-server ] || command -v redis-server >/dev/null 2>&1 || missing="redis-server"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
+	  || missing="$$missing postgresql"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	  else echo "install these Debian packages first: $$missing" >&2; exit 1; fi; \
+	fi
 
 ## Loader and orchestration benchmarks against a throw-away PostgreSQL (see benchmarks/README.md).
 bench: install
