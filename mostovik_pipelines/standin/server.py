@@ -77,6 +77,9 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in separate writes; on a kept-alive connection Nagle's
+        # algorithm would hold the body for the client's delayed ACK (~40 ms a request).
+        disable_nagle_algorithm = True
 
         def log_message(self, *args: Any) -> None:  # keep test output quiet
             pass
