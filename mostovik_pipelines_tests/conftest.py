@@ -10,19 +10,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from dagster import DagsterInstance, FilesystemIOManager
+from dagster import DagsterInstance
 
-from mostovik_pipelines.definitions import build_code_location
-from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 TEMPLATE_DB = "mostovik_template"
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2)
 
 
 @pytest.fixture(scope="session")
@@ -85,22 +82,6 @@ def cbr_source():
     """The CBR source with short retry delays, so retry tests take seconds, not minutes."""
     return dataclasses.replace(cbr_daily_rates.SOURCE, extract_retry=FAST_RETRY,
                                load_retry=FAST_RETRY)
-
-
-def code_location_for(warehouse_url: str, standin_server: StandinServer, work_dir: Path,
-                      sources, **resources):
-    return build_code_location(
-        sources=sources,
-        resources={
-            "warehouse": WarehouseResource(database_url=warehouse_url),
-            "landing": LandingStoreResource(base_dir=str(work_dir / "landing")),
-            "io_manager": FilesystemIOManager(base_dir=str(work_dir / "storage")),
-            "cbr_daily_rates_source": HttpSourceResource(
-                base_url=standin_server.cbr_url, timeout_seconds=2.0
-            ),
-            **resources,
-        },
-    )
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from dagster import DagsterEventType
 
 from mostovik_pipelines.sources import ALL_SOURCES
-from mostovik_pipelines_tests.conftest import FAST_RETRY, code_location_for
+from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
 
 CORPUS = Path(__file__).parent / "corpus"

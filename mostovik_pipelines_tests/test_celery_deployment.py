@@ -29,7 +29,7 @@ from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.execution import current_celery_task_id
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB, code_location_for
+from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.celery_workers import (
     TASK_ID_PREFIX,
     CeleryWorker,
@@ -37,6 +37,7 @@ from mostovik_pipelines_tests.support.celery_workers import (
     celery_environment,
 )
 from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, backend_waiting_on_a_lock
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.warehouse import table_rows

@@ -23,38 +23,26 @@ from pathlib import Path
 import pandas as pd
 import psycopg
 import pytest
-from dagster import DagsterInstance, EnvVar, FilesystemIOManager
+from dagster import DagsterInstance, EnvVar
 from dagster._serdes import serialize_value
 from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, text
 
 from mostovik_pipelines import cli
-from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.etl import loading_sql
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
 from mostovik_pipelines.etl.quarantine import quarantined_rows, replace_quarantine
 from mostovik_pipelines.etl.spec import RejectedRow
-from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
+from mostovik_pipelines.resources import HttpSourceResource, WarehouseResource
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
-from mostovik_pipelines_tests.conftest import FAST_RETRY
+from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
+from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-DAGSTER_YAML = """\
-storage:
-  sqlite:
-    base_dir: {home}/storage
-compute_logs:
-  module: dagster._core.storage.local_compute_log_manager
-  class: LocalComputeLogManager
-  config:
-    base_dir: {home}/compute_logs
-telemetry:
-  enabled: false
-"""
 HOSTILE = ("x'); DROP TABLE cbr_daily_rates; -- \" ; $$ :run_id %s \\ \t\n\r , "
            "\u202e \u00a0 ' OR '1'='1")
 
@@ -83,10 +71,9 @@ def _files_containing(root: Path, secret: str) -> list[str]:
 
 @pytest.fixture
 def home(tmp_path) -> Path:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(DAGSTER_YAML.format(home=home))
-    return home
+    """A local Dagster instance: the repository's dagster.yaml, storage and compute logs under
+    ``tmp_path / "dagster"``."""
+    return local_dagster_home(tmp_path)
 
 
 @pytest.mark.slow
@@ -139,6 +126,7 @@ def test_the_database_password_never_leaves_the_environment(
     assert _leaks(password, *outputs) == []
     assert _leaks(password, *dumps) == []
     assert _files_containing(home, password) == []
+    assert _files_containing(tmp_path / "dagster", password) == []
     assert _files_containing(tmp_path / "data", password) == []
 
 
@@ -150,14 +138,13 @@ def test_an_api_token_and_a_url_password_never_leave_the_environment(
     monkeypatch.setenv("MOSTOVIK_TEST_DATABASE_URL", pg_warehouse_url)
     with_credentials = standin_server.cbr_url.replace("http://", f"http://reader:{url_password}@")
     source = dataclasses.replace(cbr_daily_rates.SOURCE, extract_retry=FAST_RETRY)
-    location = build_code_location(sources=[source], resources={
-        "warehouse": WarehouseResource(database_url=EnvVar("MOSTOVIK_TEST_DATABASE_URL")),
-        "landing": LandingStoreResource(base_dir=str(tmp_path / "landing")),
-        "io_manager": FilesystemIOManager(base_dir=str(tmp_path / "storage")),
-        "cbr_daily_rates_source": HttpSourceResource(
+    location = code_location_for(
+        pg_warehouse_url, standin_server, tmp_path, [source],
+        warehouse=WarehouseResource(database_url=EnvVar("MOSTOVIK_TEST_DATABASE_URL")),
+        cbr_daily_rates_source=HttpSourceResource(
             base_url=with_credentials, token=EnvVar("MOSTOVIK_TEST_CBR_TOKEN"),
             timeout_seconds=2.0),
-    })
+    )
     job = location.resolve_job_def("cbr_daily_rates_job")
     standin.fault("status", status=503, times=-1, match="date_req=04/11/2026")
     standin.fault("status", status=401, match="date_req=05/11/2026")

@@ -33,22 +33,19 @@ from dagster import (
     DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
-    FilesystemIOManager,
     RunsFilter,
 )
 
-from mostovik_pipelines.definitions import build_code_location
-from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
+from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 SOURCE = cbr_daily_rates.SOURCE.name
 JOB = f"{SOURCE}_job"
 ATTEMPT_TAG = "chaos/attempt"
-WARM_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2)
 WARM_TIMEOUT_SECONDS = 1.0
 CLI_TIMEOUT_SECONDS = 2.0
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
@@ -154,19 +151,17 @@ class ChaosEnvironment:
         self.logs = self.root / "logs"
         self.logs.mkdir()
         self.instance = DagsterInstance.from_config(str(self.home))
-        fast = dataclasses.replace(cbr_daily_rates.SOURCE, extract_retry=WARM_RETRY,
-                                   load_retry=WARM_RETRY)
+        fast = dataclasses.replace(cbr_daily_rates.SOURCE, extract_retry=FAST_RETRY,
+                                   load_retry=FAST_RETRY)
         self.job = self._job(fast, self.url, self.data_dir)
         self.reference_job = self._job(fast, self.reference_url, self.root / "reference")
 
     def _job(self, source, url: str, data_dir: Path):
-        location = build_code_location(sources=[source], resources={
-            "warehouse": WarehouseResource(database_url=url),
-            "landing": LandingStoreResource(base_dir=str(data_dir / "landing")),
-            "io_manager": FilesystemIOManager(base_dir=str(data_dir / "storage")),
-            "cbr_daily_rates_source": HttpSourceResource(
+        location = code_location_for(
+            url, self.standin_server, data_dir, [source],
+            cbr_daily_rates_source=HttpSourceResource(
                 base_url=self.standin_server.cbr_url, timeout_seconds=WARM_TIMEOUT_SECONDS),
-        })
+        )
         return location.resolve_job_def(JOB)
 
     # --- starting runs ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines_tests.conftest import code_location_for
+from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock
 from mostovik_pipelines_tests.support.runs import (
     load_metadata,
