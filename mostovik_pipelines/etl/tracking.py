@@ -178,9 +178,7 @@ def list_jobs(
     filters = RunsFilter(
         created_after=since,
         tags={SOURCE_TAG: source} if source else None,
-        statuses=[s for s, j in RUN_STATUS_TO_JOB_STATUS.items() if j is status]
-        if status and status is not JobStatus.PARTIAL else
-        ([DagsterRunStatus.SUCCESS] if status is JobStatus.PARTIAL else None),
+        statuses=_run_statuses(status),
     )
     jobs = []
     for record in instance.get_run_records(filters, order_by="create_timestamp"):
@@ -198,6 +196,15 @@ def list_jobs(
         if len(jobs) >= limit:
             break
     return jobs
+
+
+def _run_statuses(status: JobStatus | None) -> list[DagsterRunStatus] | None:
+    """The run statuses a job of ``status`` can have (a partial job is a successful run)."""
+    if status is None:
+        return None
+    wanted = JobStatus.COMPLETED if status is JobStatus.PARTIAL else status
+    return [run_status for run_status, job_status in RUN_STATUS_TO_JOB_STATUS.items()
+            if job_status is wanted]
 
 
 def stuck_jobs(instance: DagsterInstance, sources: Sequence[SourceSpec] | None = None,
