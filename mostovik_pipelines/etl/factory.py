@@ -45,7 +45,6 @@ from dagster import (
 
 from mostovik_pipelines.etl.errors import PermanentError
 from mostovik_pipelines.etl.loading import load_partition
-from mostovik_pipelines.etl.locking import RunClaim, wait_for_older_runs
 from mostovik_pipelines.etl.quarantine import replace_quarantine
 from mostovik_pipelines.etl.retries import (
     NO_RETRY,
@@ -54,6 +53,7 @@ from mostovik_pipelines.etl.retries import (
     retry_or_fail,
     run_with_retries,
 )
+from mostovik_pipelines.etl.runs_in_flight import RunClaim, wait_for_older_runs
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
     PartitionNotAvailable,

@@ -17,8 +17,8 @@ from dagster import BackfillPolicy, ConfigurableResource, PartitionsDefinition
 from sqlalchemy import Table
 
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
-from mostovik_pipelines.etl.locking import ConcurrentRunPolicy
 from mostovik_pipelines.etl.retries import RetryPolicy
+from mostovik_pipelines.etl.runs_in_flight import ConcurrentRunPolicy
 
 
 class JobType(enum.StrEnum):
