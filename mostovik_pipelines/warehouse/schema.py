@@ -1,10 +1,36 @@
-"""Conventions every warehouse table follows: natural-key uniqueness and load bookkeeping."""
+"""Conventions every warehouse table follows: natural-key uniqueness, load bookkeeping, and the
+ledger of partition loads.
+
+On PostgreSQL a target table also gets (:func:`postgresql_conventions`, applied by the
+migrations and by :func:`warehouse_table` on ``create_all``):
+
+* its natural-key text columns in the ``"C"`` collation: keys are identifiers, compared byte by
+  byte, so the unique index is cheaper to maintain, sorts exactly as the loader sends rows, and
+  never changes order with an operating-system locale upgrade;
+* bookkeeping filled by column defaults from the load transaction's settings
+  (``mostovik.run_id``, ``now()``), so a bulk ``COPY`` sends only the source's columns, and an
+  insert from outside the loader, which sets no run id, fails on ``NOT NULL``;
+* a statement trigger that forgets the table's content digests in :data:`partition_loads`
+  whenever anything but the loader writes the table (the loader marks its transactions with
+  ``mostovik.loading``), so a re-load compares the real rows again instead of trusting the digest.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from sqlalchemy import Column, DateTime, MetaData, String, Table, UniqueConstraint
+from sqlalchemy import (
+    DDL,
+    BigInteger,
+    Column,
+    DateTime,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    event,
+)
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import SchemaItem
 
 metadata = MetaData(
@@ -16,14 +42,34 @@ metadata = MetaData(
 )
 
 BOOKKEEPING_COLUMNS = ("loaded_by_run", "loaded_at", "changed_by_run", "changed_at")
+RUN_ID_SETTING = "mostovik.run_id"
+"""Transaction setting the loader sets to its run id; the bookkeeping defaults read it."""
+LOADING_SETTING = "mostovik.loading"
+"""Transaction setting that marks a write as the loader's (``on``)."""
+
+partition_loads = Table(
+    "partition_loads",
+    metadata,
+    Column("table_name", String(128), primary_key=True),
+    Column("partition_key", String(255), primary_key=True),
+    Column("row_count", BigInteger, nullable=False,
+           comment="rows the source delivered for the partition at its last load"),
+    Column("content_digest", String(64), nullable=True,
+           comment="sha256 of those rows as loaded; NULL: unknown, compare the stored rows"),
+    Column("loaded_by_run", String(64), nullable=False, comment="run of the last load"),
+    Column("loaded_at", DateTime(timezone=True), nullable=False),
+    comment="The last load of every partition of every target table.",
+)
 
 
-def warehouse_table(name: str, *columns: SchemaItem, natural_key: Sequence[str]) -> Table:
+def warehouse_table(name: str, *columns: SchemaItem, natural_key: Sequence[str],
+                    in_metadata: MetaData = metadata) -> Table:
     """A target table: the source's columns, a unique constraint on the natural key, and the
-    bookkeeping of which run inserted the row and which run last changed it."""
-    return Table(
+    bookkeeping of which run inserted the row and which run last changed it. ``in_metadata``
+    is for tables that are not the warehouse's own (tests, benchmarks)."""
+    table = Table(
         name,
-        metadata,
+        in_metadata,
         *columns,
         Column("loaded_by_run", String(64), nullable=False, comment="run that inserted the row"),
         Column("loaded_at", DateTime(timezone=True), nullable=False),
@@ -32,8 +78,48 @@ def warehouse_table(name: str, *columns: SchemaItem, natural_key: Sequence[str])
         Column("changed_at", DateTime(timezone=True), nullable=False),
         UniqueConstraint(*natural_key),
     )
+    key_text_columns = {
+        key: table.c[key].type.compile(dialect=postgresql.dialect())
+        for key in natural_key if isinstance(table.c[key].type, String)
+    }
+    for statement in postgresql_conventions(name, key_text_columns):
+        event.listen(table, "after_create", DDL(statement).execute_if(dialect="postgresql"))
+    return table
 
 
 def data_columns(table: Table) -> list[str]:
     """The columns a source provides (everything but the load bookkeeping)."""
     return [c.name for c in table.columns if c.name not in BOOKKEEPING_COLUMNS]
+
+
+FORGET_DIGESTS_FUNCTION = "mostovik_forget_partition_digests"
+
+
+def postgresql_conventions(table: str, key_text_columns: Mapping[str, str]) -> list[str]:
+    """The PostgreSQL DDL that gives ``table`` the conventions above; ``key_text_columns`` maps
+    each natural-key text column to its SQL type (``VARCHAR(3)``). Safe to run again."""
+    run_id_default = f"NULLIF(current_setting('{RUN_ID_SETTING}', true), '')"
+    return [
+        *(f'ALTER TABLE "{table}" ALTER COLUMN "{column}" TYPE {sql_type} COLLATE "C"'
+          for column, sql_type in key_text_columns.items()),
+        f'ALTER TABLE "{table}" ALTER COLUMN loaded_by_run SET DEFAULT {run_id_default}',
+        f'ALTER TABLE "{table}" ALTER COLUMN changed_by_run SET DEFAULT {run_id_default}',
+        f'ALTER TABLE "{table}" ALTER COLUMN loaded_at SET DEFAULT now()',
+        f'ALTER TABLE "{table}" ALTER COLUMN changed_at SET DEFAULT now()',
+        f"""CREATE OR REPLACE FUNCTION {FORGET_DIGESTS_FUNCTION}() RETURNS trigger
+            LANGUAGE plpgsql AS $body$
+            BEGIN
+                IF current_setting('{LOADING_SETTING}', true) IS DISTINCT FROM 'on' THEN
+                    EXECUTE 'UPDATE ' || quote_ident(TG_TABLE_SCHEMA) || '.partition_loads '
+                        || 'SET content_digest = NULL '
+                        || 'WHERE table_name = $1 AND content_digest IS NOT NULL'
+                        USING TG_TABLE_NAME;
+                END IF;
+                RETURN NULL;
+            END
+            $body$""",
+        f'DROP TRIGGER IF EXISTS "{table}_written_outside_loader" ON "{table}"',
+        f'CREATE TRIGGER "{table}_written_outside_loader" '
+        f'AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "{table}" '
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {FORGET_DIGESTS_FUNCTION}()",
+    ]

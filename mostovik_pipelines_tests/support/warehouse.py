@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import Table, UniqueConstraint, create_engine, select, text
 
 import mostovik_pipelines.sources  # noqa: F401 - registers the tables
 from mostovik_pipelines.warehouse.schema import metadata
 
 
-def table_rows(url: str, table: str) -> list[dict]:
-    """Rows typed as the table declares them (dates, exact decimals), in natural-key order."""
-    declared = metadata.tables[table]
-    key = next(c for c in declared.constraints if c.name and "natural_key" in str(c.name))
+def table_rows(url: str, table: str | Table) -> list[dict]:
+    """Rows typed as the table declares them (dates, exact decimals), in natural-key order; a
+    table of the warehouse by name, any other by its definition."""
+    declared = metadata.tables[table] if isinstance(table, str) else table
+    key = next(c for c in declared.constraints if isinstance(c, UniqueConstraint))
     engine = create_engine(url)
     try:
         with engine.connect() as connection:

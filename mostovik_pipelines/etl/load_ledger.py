@@ -1,0 +1,97 @@
+"""The ledger of partition loads (``partition_loads``): for every partition of every target
+table, the run that last loaded it, how many rows the source delivered, and their digest.
+
+A re-load whose rows hash to the digest recorded by the last load has nothing to do: the rows
+are exactly what that load wrote, so the load returns "all unchanged" without reading the
+partition back. The digest is trusted only where the table can tell when something else wrote
+it: on PostgreSQL a statement trigger (``warehouse.schema.postgresql_conventions``) forgets a
+table's digests as soon as anything but the loader writes it, the loader forgets them
+itself when a load moves rows between partitions, and ``mostovik db upgrade`` forgets them all
+after a migration. SQLite records no digest, so every re-load there compares the stored rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+import pyarrow as pa
+from sqlalchemy import Connection, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from mostovik_pipelines.warehouse.schema import LOADING_SETTING, RUN_ID_SETTING, partition_loads
+
+LOADER_FORMAT = "1"
+"""Part of every digest: bump it when the loader starts writing the same rows differently, so
+that no partition loaded the old way counts as unchanged."""
+
+
+class _Hashing:
+    """A write-only file that hashes what is written to it (Arrow's IPC writer streams into it,
+    so the rows are hashed without a serialised copy of them in memory)."""
+
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.hash.update(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def rows_digest(rows: pa.Table, load_mode: str) -> str:
+    """The sha256 of the rows (values, types, order) and of how they are loaded. Equal digests
+    mean equal rows; rows that are equal but laid out differently in memory may hash
+    differently, which costs a comparison, never a wrong result."""
+    sink = _Hashing()
+    sink.hash.update(f"mostovik loader {LOADER_FORMAT} {load_mode}\n".encode())
+    schema = rows.schema.remove_metadata()
+    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema) as writer:
+        writer.write_table(rows.replace_schema_metadata(None))
+    return sink.hash.hexdigest()
+
+
+def begin_postgresql_load(connection: Connection, run_id: str) -> datetime:
+    """Mark this transaction as the loader's, with its run id for the bookkeeping defaults;
+    returns the transaction's time, which every bookkeeping timestamp of the load uses."""
+    return connection.exec_driver_sql(
+        "SELECT set_config(%(run)s, %(run_id)s, true), set_config(%(loading)s, 'on', true), now()",
+        {"run": RUN_ID_SETTING, "run_id": run_id, "loading": LOADING_SETTING},
+    ).one()[2]
+
+
+def recorded_digest(connection: Connection, table_name: str, partition_key: str) -> str | None:
+    return connection.execute(select(partition_loads.c.content_digest).where(
+        partition_loads.c.table_name == table_name,
+        partition_loads.c.partition_key == partition_key,
+    )).scalar_one_or_none()
+
+
+def record_load(connection: Connection, table_name: str, partition_key: str, row_count: int,
+                digest: str | None, run_id: str, loaded_at: datetime) -> None:
+    """Record the partition's load, in the load's transaction."""
+    dialect_insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    values = {"row_count": row_count, "content_digest": digest, "loaded_by_run": run_id,
+              "loaded_at": loaded_at}
+    statement = dialect_insert(partition_loads).values(
+        table_name=table_name, partition_key=partition_key, **values)
+    connection.execute(statement.on_conflict_do_update(
+        index_elements=[partition_loads.c.table_name, partition_loads.c.partition_key],
+        set_=values,
+    ))
+
+
+def forget_digests(connection: Connection, table_name: str | None = None) -> None:
+    """Forget the digests of one table's partitions (or of all tables): their next loads
+    compare the stored rows."""
+    statement = update(partition_loads).values(content_digest=None).where(
+        partition_loads.c.content_digest.is_not(None))
+    if table_name is not None:
+        statement = statement.where(partition_loads.c.table_name == table_name)
+    connection.execute(statement)

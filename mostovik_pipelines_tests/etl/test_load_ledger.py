@@ -1,0 +1,129 @@
+"""The ledger of partition loads: an identical re-load trusts the recorded digest, and every
+write that did not come from the loader makes the next re-load compare the real rows again."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pandas as pd
+import psycopg
+import pytest
+from sqlalchemy import Column, Date, Integer, MetaData, String, create_engine, select
+from sqlalchemy.engine import make_url
+
+from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
+from mostovik_pipelines.resources.warehouse import warehouse_engine
+from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
+from mostovik_pipelines_tests.etl.test_loading import DAY, load, rates
+from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
+
+
+def ledger(url: str) -> dict[tuple[str, str], dict]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {(r.table_name, r.partition_key): dict(r._mapping)
+                    for r in connection.execute(select(partition_loads))}
+    finally:
+        engine.dispose()
+
+
+def operator_sql(url: str, sql: str) -> None:
+    """What an operator does by hand in psql: outside the loader."""
+    parsed = make_url(url)
+    with psycopg.connect(host=parsed.host, port=parsed.port, user=parsed.username,
+                         password=parsed.password, dbname=parsed.database,
+                         autocommit=True) as connection:
+        connection.execute(sql)
+
+
+def test_every_load_records_the_partition_and_a_digest_only_where_writes_are_guarded(
+    warehouse_url
+):
+    load(warehouse_url, rates(), "run-1")
+    recorded = ledger(warehouse_url)[("cbr_daily_rates", DAY.isoformat())]
+    assert (recorded["row_count"], recorded["loaded_by_run"]) == (3, "run-1")
+    if warehouse_url.startswith("postgresql"):
+        assert len(recorded["content_digest"]) == 64
+    else:
+        assert recorded["content_digest"] is None  # SQLite: no trigger, so always compare
+
+
+def test_an_identical_reload_trusts_the_digest_and_writes_nothing(pg_warehouse_url):
+    load(pg_warehouse_url, rates(), "run-1")
+    before = physical_snapshot(pg_warehouse_url, "cbr_daily_rates")
+    recorded = ledger(pg_warehouse_url)
+    assert load(pg_warehouse_url, rates(), "run-2").as_dict() == {
+        "inserted": 0, "updated": 0, "unchanged": 3, "deleted": 0}
+    assert physical_snapshot(pg_warehouse_url, "cbr_daily_rates") == before
+    assert ledger(pg_warehouse_url) == recorded  # still the load of run-1
+
+
+@pytest.mark.parametrize("by_hand, repaired", [
+    ("UPDATE cbr_daily_rates SET value = 1 WHERE char_code = 'USD'",
+     {"inserted": 0, "updated": 1, "unchanged": 2, "deleted": 0}),
+    ("DELETE FROM cbr_daily_rates WHERE char_code = 'EUR'",
+     {"inserted": 1, "updated": 0, "unchanged": 2, "deleted": 0}),
+    ("TRUNCATE cbr_daily_rates",
+     {"inserted": 3, "updated": 0, "unchanged": 0, "deleted": 0}),
+    ("INSERT INTO cbr_daily_rates SELECT partition_date, rate_date, 'RX', '999', 'XXX', 1, 'x', "
+     "1, 1, 'me', now(), 'me', now() FROM cbr_daily_rates WHERE char_code = 'USD'",
+     {"inserted": 0, "updated": 0, "unchanged": 3, "deleted": 1}),
+])
+def test_a_write_by_hand_makes_the_next_reload_repair_the_partition(
+    pg_warehouse_url, by_hand, repaired
+):
+    load(pg_warehouse_url, rates(), "run-1")
+    clean = [{k: v for k, v in r.items() if k not in ("loaded_at", "changed_at")}
+             for r in table_rows(pg_warehouse_url, "cbr_daily_rates")]
+    operator_sql(pg_warehouse_url, by_hand)
+    assert ledger(pg_warehouse_url)[("cbr_daily_rates", DAY.isoformat())]["content_digest"] is None
+    assert load(pg_warehouse_url, rates(), "run-2").as_dict() == repaired
+    stored = table_rows(pg_warehouse_url, "cbr_daily_rates")
+    assert [(r["char_code"], r["value"]) for r in stored] == [
+        (r["char_code"], r["value"]) for r in clean]
+    assert ledger(pg_warehouse_url)[("cbr_daily_rates", DAY.isoformat())]["content_digest"]
+
+
+def test_an_insert_by_hand_without_bookkeeping_is_refused(pg_warehouse_url):
+    with pytest.raises(psycopg.errors.NotNullViolation, match="loaded_by_run"):
+        operator_sql(pg_warehouse_url,
+                     "INSERT INTO cbr_daily_rates (partition_date, rate_date, cbr_id, num_code, "
+                     "char_code, nominal, name, value, unit_rate) VALUES ('2026-11-05', "
+                     "'2026-11-05', 'R1', '840', 'USD', 1, 'Dollar', 1, 1)")
+
+
+moving_metadata = MetaData()
+orders_by_day = warehouse_table(
+    "test_orders_by_day",
+    Column("order_id", String(16), nullable=False),
+    Column("day", Date, nullable=False),
+    Column("quantity", Integer, nullable=False),
+    natural_key=("order_id",),
+    in_metadata=moving_metadata,
+)
+ORDERS_BY_DAY = LoadTarget(orders_by_day, ("order_id",), "day", LoadMode.REPLACE_PARTITION)
+
+
+def orders(day: str, *ids: str) -> pd.DataFrame:
+    return pd.DataFrame({"order_id": pd.array(list(ids), dtype="str"),
+                         "day": [date.fromisoformat(day)] * len(ids),
+                         "quantity": [1] * len(ids)})
+
+
+def test_a_load_that_moves_a_row_between_partitions_forgets_their_digests(pg_warehouse_url):
+    """The key is the order alone, so a load of 11-06 can take an order away from 11-05; the
+    next load of 11-05 then has work to do, even with the rows it had before."""
+    engine = create_engine(pg_warehouse_url)
+    moving_metadata.create_all(engine)
+    engine.dispose()
+    warehouse = warehouse_engine(pg_warehouse_url)
+    load_partition(warehouse, ORDERS_BY_DAY, orders("2026-11-05", "A", "B"), "2026-11-05", "r1")
+    moved = load_partition(warehouse, ORDERS_BY_DAY, orders("2026-11-06", "A"), "2026-11-06",
+                           "r2")
+    assert moved.updated == 1
+    again = load_partition(warehouse, ORDERS_BY_DAY, orders("2026-11-05", "A", "B"),
+                           "2026-11-05", "r3")
+    assert again.as_dict() == {"inserted": 0, "updated": 1, "unchanged": 1, "deleted": 0}
+    assert {r["order_id"]: r["day"] for r in table_rows(pg_warehouse_url, orders_by_day)} == {
+        "A": date(2026, 11, 5), "B": date(2026, 11, 5)}
