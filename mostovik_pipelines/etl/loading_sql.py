@@ -63,6 +63,20 @@ def insert_new_rows(
     )
 
 
+def rows_moving_in_from_other_partitions(
+    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
+    partition_column: str,
+) -> str:
+    """One row if a stage row's natural key is stored under another partition (possible only
+    when the partition column is not part of the key): the update will move it here."""
+    t, s = _q(dialect, table.name), _q(dialect, stage.name)
+    p = _q(dialect, partition_column)
+    return (
+        f"SELECT 1 FROM {t} JOIN {s} ON {_key_match(dialect, t, s, natural_key)} "
+        f"WHERE {t}.{p} IS DISTINCT FROM {s}.{p} LIMIT 1"
+    )
+
+
 def delete_vanished_rows(
     dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
     partition_column: str,
@@ -109,7 +123,10 @@ def copy_partition_out(
     )
 
 
-def copy_into(dialect: Dialect, table_name: str, columns: Sequence[str]) -> str:
-    """PostgreSQL only: rows as CSV (an unquoted empty field is NULL, ``""`` the empty string)."""
+def copy_into(dialect: Dialect, table_name: str, columns: Sequence[str], *,
+              binary: bool = False) -> str:
+    """PostgreSQL only: rows in binary format, or as CSV (an unquoted empty field is NULL,
+    ``""`` the empty string)."""
     column_list = ", ".join(_q(dialect, c) for c in columns)
-    return f"COPY {_q(dialect, table_name)} ({column_list}) FROM STDIN (FORMAT csv)"
+    form = "binary" if binary else "csv"
+    return f"COPY {_q(dialect, table_name)} ({column_list}) FROM STDIN (FORMAT {form})"

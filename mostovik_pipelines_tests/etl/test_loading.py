@@ -4,15 +4,33 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pandas as pd
 import psycopg
+import pyarrow as pa
 import pytest
-from sqlalchemy import Column, Date, Integer, MetaData, String, create_engine
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Date,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    create_engine,
+)
 
-from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
+from mostovik_pipelines.etl.loading import (
+    LoadMode,
+    LoadTarget,
+    _arrow_rows,
+    _binary_rows,
+    load_partition,
+)
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
@@ -91,7 +109,8 @@ work_orders = warehouse_table(
     Column("status", String(32), nullable=False),
     Column("amount", ExactDecimal(), nullable=True),
     natural_key=("external_id",),
-).to_metadata(versioned_metadata)
+    in_metadata=versioned_metadata,
+)
 WORK_ORDERS = LoadTarget(work_orders, ("external_id",), "window_start",
                          LoadMode.MERGE_BY_VERSION, "version")
 
@@ -120,7 +139,7 @@ def test_merge_by_version_never_lets_an_old_window_overwrite_a_newer_record(ware
                                                       ("B", "2026-11-01", 1, "open")),
                             "2026-11-01", "run-3")
     assert replay.as_dict() == {"inserted": 0, "updated": 0, "unchanged": 2, "deleted": 0}
-    stored = {r["external_id"]: r for r in table_rows(warehouse_url, "test_work_orders")}
+    stored = {r["external_id"]: r for r in table_rows(warehouse_url, work_orders)}
     assert (stored["A"]["version"], stored["A"]["status"]) == (2, "done")
     assert stored["B"]["status"] == "open"
 
@@ -172,3 +191,72 @@ def test_the_quarantine_commits_with_the_data_or_not_at_all(warehouse_url):
                        within_transaction=quarantine("run-2"))
     assert [r["run_id"] for r in quarantined_by_run(engine, "run-1")] == ["run-1"]
     assert quarantined_by_run(engine, "run-2") == []
+
+
+typed_metadata = MetaData()
+every_type = warehouse_table(
+    "test_every_type",
+    Column("key", String(16), nullable=False),
+    Column("day", Date, nullable=False),
+    Column("count", Integer, nullable=True),
+    Column("big", BigInteger, nullable=True),
+    Column("amount", ExactDecimal(), nullable=True),
+    Column("score", Float, nullable=True),
+    Column("flag", Boolean, nullable=True),
+    Column("seen_at", DateTime(timezone=True), nullable=True),
+    Column("note", String(64), nullable=True),
+    natural_key=("key",),
+    in_metadata=typed_metadata,
+)
+EVERY_TYPE = LoadTarget(every_type, ("key",), "day", LoadMode.REPLACE_PARTITION)
+DECIMAL = pa.decimal128(20, 4)
+
+
+def every_type_frame() -> pd.DataFrame:
+    """Arrow-typed columns, the shape a large source delivers (on PostgreSQL they go in
+    PostgreSQL's binary COPY format), with every edge a value can have."""
+    seen = datetime(2026, 11, 5, 9, 30, 15, 123456, tzinfo=UTC)
+    return pd.DataFrame({
+        "key": pd.array(["b", "a", "é", "z\u00a0"], dtype="str"),
+        "day": pd.array(pa.array([DAY] * 4, pa.date32()), dtype=pd.ArrowDtype(pa.date32())),
+        "count": pd.array([0, -2_147_483_648, 2_147_483_647, None], dtype="Int64"),
+        "big": pd.array([2**62, -(2**62), 0, None], dtype="Int64"),
+        "amount": pd.array(pa.array([Decimal("-12345678901234.5678"), Decimal("0.0001"),
+                                     Decimal("0"), None], DECIMAL),
+                           dtype=pd.ArrowDtype(DECIMAL)),
+        "score": [0.1, -0.0, 1e300, None],
+        "flag": pd.array([True, False, None, True], dtype="boolean"),
+        "seen_at": pd.array(pa.array([seen, None, seen, seen], pa.timestamp("us", "UTC")),
+                            dtype=pd.ArrowDtype(pa.timestamp("us", "UTC"))),
+        "note": pd.array(["", None, "tab\there, \"quoted\", back\\slash", "line\nbreak ₽"],
+                         dtype="str"),
+    })
+
+
+def test_every_column_type_is_stored_exactly(warehouse_url):
+    engine = create_engine(warehouse_url)
+    typed_metadata.create_all(engine)
+    engine.dispose()
+    # On PostgreSQL this frame takes the binary COPY path, the one under test here.
+    assert _binary_rows(every_type, _arrow_rows(every_type_frame())) is not None
+    counts = load_partition(warehouse_engine(warehouse_url), EVERY_TYPE, every_type_frame(),
+                            DAY.isoformat(), "run-1")
+    assert counts.inserted == 4
+    stored = {r["key"]: r for r in table_rows(warehouse_url, every_type)}
+    seen = datetime(2026, 11, 5, 9, 30, 15, 123456, tzinfo=UTC)
+    expected = {
+        "b": (DAY, 0, 2**62, Decimal("-12345678901234.5678"), 0.1, True, seen, ""),
+        "a": (DAY, -2_147_483_648, -(2**62), Decimal("0.0001"), -0.0, False, None, None),
+        "é": (DAY, 2_147_483_647, 0, Decimal("0"), 1e300, None, seen,
+              "tab\there, \"quoted\", back\\slash"),
+        "z\u00a0": (DAY, None, None, None, None, True, seen, "line\nbreak ₽"),
+    }
+    columns = ["day", "count", "big", "amount", "score", "flag", "seen_at", "note"]
+    actual = {key: tuple(row[c] for c in columns) for key, row in stored.items()}
+    for key, row in actual.items():  # SQLite hands timestamps back without their zone
+        if row[6] is not None and row[6].tzinfo is None:
+            actual[key] = (*row[:6], row[6].replace(tzinfo=UTC), row[7])
+    assert actual == expected
+    again = load_partition(warehouse_engine(warehouse_url), EVERY_TYPE, every_type_frame(),
+                           DAY.isoformat(), "run-2")
+    assert again.as_dict() == {"inserted": 0, "updated": 0, "unchanged": 4, "deleted": 0}
