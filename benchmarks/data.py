@@ -16,7 +16,7 @@ import pyarrow as pa
 from sqlalchemy import Column, Date, Float, Integer, MetaData, String, Table
 
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
-from mostovik_pipelines.warehouse.schema import warehouse_table
+from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
 
 PARTITION = date(2026, 11, 5)
@@ -40,17 +40,21 @@ def _columns() -> list[Column]:
 
 
 def _target_table(name: str) -> Table:
-    return warehouse_table(name, *_columns(), natural_key=("external_id",)).to_metadata(
-        bench_metadata
-    )
+    return warehouse_table(name, *_columns(), natural_key=("external_id",),
+                           in_metadata=bench_metadata)
 
 
 REPLACE_TABLE = _target_table("bench_replace")
 MERGE_TABLE = _target_table("bench_merge")
-# The physical reference: the same columns, no constraint, no index, no bookkeeping.
+# The physical reference: the same columns, no constraint, no index, no bookkeeping (one table
+# for the Arrow CSV COPY, one for the binary COPY).
 REFERENCE_TABLE = Table("bench_reference", bench_metadata, *_columns())
-# What our table itself costs: the same plain COPY into a table shaped like ours (natural-key
-# index, four bookkeeping columns), rows in key order. No loader writing our table can beat it.
+BINARY_REFERENCE_TABLE = Table("bench_reference_binary", bench_metadata, *_columns())
+# Our tables' conventions write to the ledger of partition loads.
+PARTITION_LOADS = partition_loads.to_metadata(bench_metadata)
+# What our table itself costs: a plain binary COPY into a table shaped like ours (natural-key
+# index, four bookkeeping columns filled by their defaults), rows in key order. No loader
+# writing our table can beat it.
 KEYED_REFERENCE_TABLE = _target_table("bench_reference_keyed")
 # What a to_sql or dlt user would load into: the same columns, nothing else of ours.
 PLAIN_TABLE = Table("bench_to_sql", bench_metadata, *_columns())

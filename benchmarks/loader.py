@@ -26,6 +26,7 @@ STEPS = (("first", "first load into an empty partition", "base"),
 class LoaderFigures:
     rows: int
     reference: Figure
+    binary_reference: Figure
     keyed_reference: Figure
     ours: dict[tuple[str, str], Figure]
     to_sql: Figure
@@ -65,7 +66,8 @@ def measure_loader(server: ThrowawayPostgres, work_dir: Path, rows: int, repeat:
     figures = LoaderFigures(
         rows=rows,
         reference=Figure("physical reference: COPY, Arrow CSV, no index"),
-        keyed_reference=Figure("same COPY into a table shaped like ours (floor)"),
+        binary_reference=Figure("physical reference, binary COPY (pgpq), no index"),
+        keyed_reference=Figure("binary COPY into a table shaped like ours (floor)"),
         ours={(mode, step): Figure(f"ours {mode}: {label}")
               for mode in MODES for step, label, _ in STEPS},
         to_sql=Figure(f"to_sql(method='multi'), {to_sql_rows:,} rows"),
@@ -78,6 +80,9 @@ def measure_loader(server: ThrowawayPostgres, work_dir: Path, rows: int, repeat:
             db.execute("TRUNCATE bench_reference")
             figures.reference.add(run_case("reference", {"dsn": server.dsn(DATABASE),
                                                          "frame": frames["base"]}))
+            db.execute("TRUNCATE bench_reference_binary")
+            figures.binary_reference.add(run_case("reference", {
+                "dsn": server.dsn(DATABASE), "frame": frames["base"], "binary": True}))
             db.execute("TRUNCATE bench_reference_keyed")
             figures.keyed_reference.add(run_case("reference", {
                 "dsn": server.dsn(DATABASE), "frame": frames["base"], "keyed": True}))
