@@ -195,7 +195,8 @@ def test_sql_builders_take_identifiers_only_and_quote_them():
     """No builder receives a value: every parameter is a dialect, a table or column names, or a
     keyword-only flag that picks between two fixed texts (``binary``)."""
     identifier_parameters = {"dialect", "table", "stage", "listed", "natural_key", "data_columns",
-                             "columns", "version_column", "partition_column", "table_name"}
+                             "columns", "version_column", "partition_column", "table_name",
+                             "text_keys"}
     builders = [f for name, f in inspect.getmembers(loading_sql, inspect.isfunction)
                 if f.__module__ == loading_sql.__name__ and not name.startswith("_")]
     assert builders

@@ -34,8 +34,10 @@ exactly (encoded by ``pgpq``), else through Arrow's CSV writer.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import io
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime
@@ -81,8 +83,9 @@ from mostovik_pipelines.warehouse.types import ExactDecimal
 
 COPY_CHUNK_ROWS = 50_000
 """Rows serialised per ``COPY`` write (and per bulk insert on SQLite)."""
-READ_BACK_BATCH_BYTES = 8 << 20
-"""Read-back text parsed at a time."""
+READ_BACK_BATCH_BYTES = 1 << 20
+"""Read-back text parsed and compared at a time (with its share of the frame): bigger batches
+save little time and cost memory the allocator keeps."""
 
 
 class LoadMode(enum.StrEnum):
@@ -169,24 +172,25 @@ def load_partition(
 def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
                      partition_key: str, bookkeeping: dict[str, Any]) -> LoadCounts:
     partition_value = target.partition_value(partition_key)
-    comparable = _comparable_key(target, rows)
-    stored = _read_back(connection, target, rows, partition_value) if comparable else None
-    if stored is not None and stored.num_rows == 0 and _copy_into_empty_partition(
-        connection, target, rows
-    ):
-        return LoadCounts(inserted=rows.num_rows, updated=0, unchanged=0, deleted=0)
-
-    if stored is None:
-        pending, vanished = rows, None
+    if not _comparable_key(target, rows):
+        # Keys Arrow cannot match as the database does: stage everything, the SQL decides.
+        pending, vanished = None, None
     else:
-        maybe_changed, vanished_rows = _compare(target, rows, stored)
-        pending, vanished = rows.filter(maybe_changed), stored.filter(vanished_rows)
+        order = _key_order(rows, target.natural_key)
+        stored = _read_back(connection, target, rows, partition_value)
+        first = next(stored, None)
+        if first is None and _copy_into_empty_partition(connection, target, rows, order):
+            return LoadCounts(inserted=rows.num_rows, updated=0, unchanged=0, deleted=0)
+        stored = itertools.chain([first] if first is not None else [], stored)
+        maybe_changed, vanished = _compare_in_key_order(target, rows, order, stored)
+        pending = np.flatnonzero(maybe_changed)
     counts = LoadCounts(inserted=0, updated=0, unchanged=0, deleted=0)
-    if vanished is None or pending.num_rows:
+    if vanished is None or len(pending):
         stage = _create_stage(connection, target.table, target.columns)
-        _copy(connection, stage, pending, target.natural_key)
+        _copy(connection, stage, rows, target.natural_key, only=pending)
         connection.exec_driver_sql(f"ANALYZE {_quote(connection, stage.name)}")
-        counts = _merge_stage(connection, target, stage, pending.num_rows, partition_key,
+        staged = rows.num_rows if pending is None else len(pending)
+        counts = _merge_stage(connection, target, stage, staged, partition_key,
                               bookkeeping, delete_vanished=vanished is None)
     deleted = counts.deleted
     if vanished is not None and vanished.num_rows:
@@ -272,15 +276,27 @@ def _first_value(series: pd.Series) -> Any:
     return next((v for v in series if not pd.isna(v)), None)
 
 
+def _key_order(rows: pa.Table, natural_key: Sequence[str]) -> np.ndarray:
+    """Row positions in natural-key order: Arrow orders text by its bytes, as the "C"
+    collation does."""
+    return pc.sort_indices(rows.select(list(natural_key)),
+                           [(name, "ascending") for name in natural_key]).to_numpy()
+
+
 def _copy(connection: Connection, table: Table, rows: pa.Table,
-          natural_key: Sequence[str] = ()) -> None:
-    """``COPY`` the rows into ``table``, a chunk at a time, in natural-key order when a key is
-    given: the key's index then grows at its right edge instead of splitting pages all over
-    (twice as fast for a million rows). Rows go in PostgreSQL's binary format when every
-    column's Arrow type is exactly the column's SQL type (the server then parses nothing: half
-    the server's time of CSV), else as CSV."""
-    order = (pc.sort_indices(rows, [(name, "ascending") for name in natural_key])
-             if natural_key else None)
+          natural_key: Sequence[str] = (), *, only: np.ndarray | None = None,
+          order: np.ndarray | None = None) -> None:
+    """``COPY`` the rows (``only`` those positions, if given) into ``table``, a chunk at a
+    time, in natural-key order when a key is given: the key's index then grows at its right
+    edge instead of splitting pages all over (twice as fast for a million rows). Rows go in
+    PostgreSQL's binary format when every column's Arrow type is exactly the column's SQL type
+    (the server then parses nothing: half the server's time of CSV), else as CSV."""
+    positions = only
+    if natural_key:
+        if order is None:
+            keys = rows.select(list(natural_key))
+            order = _key_order(keys if only is None else keys.take(only), natural_key)
+        positions = order if only is None else only[order]
     binary = _binary_rows(table, rows)
     cursor = connection.connection.driver_connection.cursor()
     if binary is not None:
@@ -289,7 +305,7 @@ def _copy(connection: Connection, table: Table, rows: pa.Table,
                                           binary=True)
         with cursor.copy(statement) as copy:
             copy.write(encoder.write_header())
-            for chunk in _ordered_chunks(binary, order):
+            for chunk in _chunks(binary, positions):
                 for batch in chunk.to_batches():
                     copy.write(encoder.write_batch(batch))
             copy.write(encoder.finish())
@@ -297,7 +313,7 @@ def _copy(connection: Connection, table: Table, rows: pa.Table,
     statement = loading_sql.copy_into(connection.dialect, table.name, rows.column_names)
     options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
     with cursor.copy(statement) as copy:
-        for chunk in _ordered_chunks(rows, order):
+        for chunk in _chunks(rows, positions):
             # Strings are always quoted, so an unquoted empty field is NULL and "" the empty
             # string; tabs, newlines, backslashes and quotes are plain data.
             buffer = io.BytesIO()
@@ -305,10 +321,12 @@ def _copy(connection: Connection, table: Table, rows: pa.Table,
             copy.write(buffer.getbuffer())
 
 
-def _ordered_chunks(rows: pa.Table, order: pa.Array | None) -> Iterator[pa.Table]:
-    for start in range(0, rows.num_rows, COPY_CHUNK_ROWS):
-        yield (rows.slice(start, COPY_CHUNK_ROWS) if order is None
-               else rows.take(order.slice(start, COPY_CHUNK_ROWS)))
+def _chunks(rows: pa.Table, positions: np.ndarray | None) -> Iterator[pa.Table]:
+    """The rows (at ``positions``, in that order, if given), a chunk at a time."""
+    count = rows.num_rows if positions is None else len(positions)
+    for start in range(0, count, COPY_CHUNK_ROWS):
+        yield (rows.slice(start, COPY_CHUNK_ROWS) if positions is None
+               else rows.take(positions[start:start + COPY_CHUNK_ROWS]))
 
 
 def _binary_rows(table: Table, rows: pa.Table) -> pa.Table | None:
@@ -349,13 +367,13 @@ def _binary_arrow_type(sql_type: Any, arrow_type: pa.DataType) -> pa.DataType | 
     return None
 
 
-def _copy_into_empty_partition(connection: Connection, target: LoadTarget, rows: pa.Table
-                               ) -> bool:
+def _copy_into_empty_partition(connection: Connection, target: LoadTarget, rows: pa.Table,
+                               order: np.ndarray) -> bool:
     """Copy straight into the table (bookkeeping from the column defaults); False, and nothing
     written, if a natural key exists in another partition."""
     try:
         with connection.begin_nested():
-            _copy(connection, target.table, rows, target.natural_key)
+            _copy(connection, target.table, rows, target.natural_key, order=order)
     except psycopg.errors.UniqueViolation:
         return False
     return True
@@ -376,9 +394,12 @@ def _arrow_type(table: Table, name: str, frame_type: pa.DataType) -> pa.DataType
 
 
 def _comparable_key(target: LoadTarget, rows: pa.Table) -> bool:
-    """Whether natural keys can be matched in Arrow exactly as the database matches them."""
+    """Whether natural keys can be matched and ordered in Arrow exactly as the database matches
+    and orders them (complete, and not floating point, whose NaN orders differently)."""
     for name in target.natural_key:
         frame_type = rows.schema.field(name).type
+        if rows.column(name).null_count or pa.types.is_floating(frame_type):
+            return False
         if not (_arrow_type(target.table, name, frame_type) is not None or (
             isinstance(target.table.c[name].type, String) and _is_text(frame_type)
         )):
@@ -392,10 +413,11 @@ def _is_text(arrow_type: pa.DataType) -> bool:
 
 
 def _read_back(connection: Connection, target: LoadTarget, rows: pa.Table,
-               partition_value: Any) -> pa.Table:
-    """The partition's stored rows: every data column in replace-partition mode, natural key and
-    version in merge-by-version mode. Values come back as the text PostgreSQL prints (ISO dates,
-    shortest exact floats), parsed into Arrow's type where that type prints one way only."""
+               partition_value: Any) -> Iterator[pa.Table]:
+    """The partition's stored rows in natural-key order, a batch at a time: every data column
+    in replace-partition mode, natural key and version in merge-by-version mode. Values come
+    back as the text PostgreSQL prints (ISO dates, shortest exact floats), parsed into Arrow's
+    type where that type prints one way only."""
     if target.mode is LoadMode.MERGE_BY_VERSION and target.version_column:
         columns = [*target.natural_key, target.version_column]
     else:
@@ -404,21 +426,52 @@ def _read_back(connection: Connection, target: LoadTarget, rows: pa.Table,
              for name in columns}
     connection.execute(text(loading_sql.set_canonical_output()))
     cursor = connection.connection.driver_connection.cursor()
+    text_keys = [k for k in target.natural_key if isinstance(target.table.c[k].type, String)]
     statement = loading_sql.copy_partition_out(
-        connection.dialect, target.table, columns, target.partition_column
+        connection.dialect, target.table, columns, target.partition_column,
+        target.natural_key, text_keys,
     )
-    parts = []
     received = io.BytesIO()
     with cursor.copy(statement, (partition_value,)) as copy:
         # One COPY message is one row, so every batch of messages parses on its own.
         for block in copy:
             received.write(block)
             if received.tell() >= READ_BACK_BATCH_BYTES:
-                parts.append(_parse_csv(received, columns, types))
+                yield _parse_csv(received, columns, types)
                 received = io.BytesIO()
     if received.tell():
-        parts.append(_parse_csv(received, columns, types))
-    return pa.concat_tables(parts) if parts else pa.schema(types).empty_table()
+        yield _parse_csv(received, columns, types)
+
+
+def _compare_in_key_order(target: LoadTarget, rows: pa.Table, order: np.ndarray,
+                          stored: Iterator[pa.Table]) -> tuple[np.ndarray, pa.Table]:
+    """Walk the stored batches and the frame side by side in natural-key order, so memory holds
+    one batch and its share of the frame, never the whole partition twice. Returns which frame
+    rows may differ from what is stored (those are staged) and the keys of the stored rows the
+    frame no longer has (replace-partition mode)."""
+    maybe_changed = np.ones(rows.num_rows, dtype=bool)
+    keys = rows.select(list(target.natural_key))
+
+    def key_at(position: int) -> tuple:
+        return tuple(column[order[position]].as_py() for column in keys.columns)
+
+    vanished = []
+    start = 0
+    for batch in stored:
+        last = tuple(batch.column(name)[batch.num_rows - 1].as_py()
+                     for name in target.natural_key)
+        end = bisect.bisect_right(range(rows.num_rows), last, lo=start, key=key_at)
+        window = order[start:end]
+        changed, gone = _compare(target, rows.select(batch.column_names).take(window), batch)
+        maybe_changed[window] = changed.to_numpy(zero_copy_only=False)
+        vanished.append(batch.filter(gone).select(list(target.natural_key)))
+        start = end
+        # Arrow's allocator keeps what a window freed for reuse; a thousand windows would
+        # otherwise keep tens of megabytes the next window does not need.
+        pa.default_memory_pool().release_unused()
+    if not vanished:
+        return maybe_changed, keys.schema.empty_table()
+    return maybe_changed, pa.concat_tables(vanished)
 
 
 def _parse_csv(received: io.BytesIO, columns: list[str], types: dict[str, pa.DataType]

@@ -112,14 +112,18 @@ def set_canonical_output() -> str:
 
 
 def copy_partition_out(
-    dialect: Dialect, table: Table, columns: Sequence[str], partition_column: str
+    dialect: Dialect, table: Table, columns: Sequence[str], partition_column: str,
+    natural_key: Sequence[str], text_keys: Sequence[str],
 ) -> str:
-    """PostgreSQL only: the partition's rows as CSV; ``%s`` is the partition value, bound by the
+    """PostgreSQL only: the partition's rows as CSV in natural-key order, text keys in byte
+    order (``"C"``, the order Arrow sorts in); ``%s`` is the partition value, bound by the
     driver (``COPY`` takes no server-side parameters)."""
     selected = ", ".join(_q(dialect, c) for c in columns)
+    ordered = ", ".join(f'{_q(dialect, k)} COLLATE "C"' if k in text_keys else _q(dialect, k)
+                        for k in natural_key)
     return (
         f"COPY (SELECT {selected} FROM {_q(dialect, table.name)} "
-        f"WHERE {_q(dialect, partition_column)} = %s) TO STDOUT (FORMAT csv)"
+        f"WHERE {_q(dialect, partition_column)} = %s ORDER BY {ordered}) TO STDOUT (FORMAT csv)"
     )
 
 
