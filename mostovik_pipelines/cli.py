@@ -44,6 +44,25 @@ def db_upgrade(revision: str) -> None:
     click.echo(f"warehouse at revision {migrate.current_revision(resolved_database_url())}")
 
 
+@db.command("forget-digests")
+@click.option("--table", default=None, help="One target table; default all.")
+def db_forget_digests(table: str | None) -> None:
+    """Make the next load of every partition compare the stored rows instead of trusting the
+    digest of its last load: after writes the tables' triggers could not see (a restore with
+    --disable-triggers, session_replication_role = replica, DDL outside the migrations)."""
+    from sqlalchemy import create_engine
+
+    from mostovik_pipelines.etl.load_ledger import forget_digests
+
+    engine = create_engine(resolved_database_url())
+    try:
+        with engine.begin() as connection:
+            forgotten = forget_digests(connection, table)
+    finally:
+        engine.dispose()
+    click.echo(f"forgot the content digests of {forgotten} partition load(s)")
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8765, show_default=True, type=int)

@@ -87,11 +87,11 @@ def record_load(connection: Connection, table_name: str, partition_key: str, row
     ))
 
 
-def forget_digests(connection: Connection, table_name: str | None = None) -> None:
+def forget_digests(connection: Connection, table_name: str | None = None) -> int:
     """Forget the digests of one table's partitions (or of all tables): their next loads
-    compare the stored rows."""
+    compare the stored rows. Returns how many were forgotten."""
     statement = update(partition_loads).values(content_digest=None).where(
         partition_loads.c.content_digest.is_not(None))
     if table_name is not None:
         statement = statement.where(partition_loads.c.table_name == table_name)
-    connection.execute(statement)
+    return connection.execute(statement).rowcount

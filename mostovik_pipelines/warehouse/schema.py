@@ -106,8 +106,9 @@ def postgresql_conventions(table: str, key_text_columns: Mapping[str, str]) -> l
         f'ALTER TABLE "{table}" ALTER COLUMN changed_by_run SET DEFAULT {run_id_default}',
         f'ALTER TABLE "{table}" ALTER COLUMN loaded_at SET DEFAULT now()',
         f'ALTER TABLE "{table}" ALTER COLUMN changed_at SET DEFAULT now()',
+        # SECURITY DEFINER: whoever writes the table by hand needs no rights on the ledger.
         f"""CREATE OR REPLACE FUNCTION {FORGET_DIGESTS_FUNCTION}() RETURNS trigger
-            LANGUAGE plpgsql AS $body$
+            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
             BEGIN
                 IF current_setting('{LOADING_SETTING}', true) IS DISTINCT FROM 'on' THEN
                     EXECUTE 'UPDATE ' || quote_ident(TG_TABLE_SCHEMA) || '.partition_loads '

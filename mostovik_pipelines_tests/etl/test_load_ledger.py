@@ -3,7 +3,11 @@ write that did not come from the loader makes the next re-load compare the real 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import date
+from pathlib import Path
 
 import pandas as pd
 import psycopg
@@ -16,6 +20,8 @@ from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines_tests.etl.test_loading import DAY, load, rates
 from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
+
+MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
 
 
 def ledger(url: str) -> dict[tuple[str, str], dict]:
@@ -127,3 +133,43 @@ def test_a_load_that_moves_a_row_between_partitions_forgets_their_digests(pg_war
     assert again.as_dict() == {"inserted": 0, "updated": 1, "unchanged": 1, "deleted": 0}
     assert {r["order_id"]: r["day"] for r in table_rows(pg_warehouse_url, orders_by_day)} == {
         "A": date(2026, 11, 5), "B": date(2026, 11, 5)}
+
+
+def test_an_operator_can_make_every_next_reload_compare_the_stored_rows(pg_warehouse_url):
+    """``mostovik db forget-digests``: after writes no trigger saw (here: triggers disabled the
+    way a data-only restore disables them), the next re-load repairs the partition."""
+    load(pg_warehouse_url, rates(), "run-1")
+    operator_sql(pg_warehouse_url, "SET session_replication_role = replica; "
+                                   "UPDATE cbr_daily_rates SET value = 1 WHERE char_code = 'USD'")
+    assert ledger(pg_warehouse_url)[("cbr_daily_rates", DAY.isoformat())]["content_digest"]
+    result = subprocess.run([MOSTOVIK, "db", "forget-digests"], capture_output=True, text=True,
+                            env={**os.environ, "MOSTOVIK_DATABASE_URL": pg_warehouse_url},
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "forgot the content digests of 1 partition load(s)" in result.stdout
+    assert load(pg_warehouse_url, rates(), "run-2").updated == 1
+    usd = [r for r in table_rows(pg_warehouse_url, "cbr_daily_rates") if r["char_code"] == "USD"]
+    assert usd[0]["value"] == rates().set_index("char_code").loc["USD", "value"]
+
+
+def test_a_clerk_without_rights_on_the_ledger_can_still_edit_and_is_still_noticed(
+    pg_warehouse_url
+):
+    """The trigger runs with its owner's rights: an operator role allowed to edit the table,
+    and nothing else, neither fails on the ledger nor slips past it."""
+    load(pg_warehouse_url, rates(), "run-1")
+    parsed = make_url(pg_warehouse_url)
+    clerk = f"clerk_{parsed.database}"
+    operator_sql(pg_warehouse_url, f"CREATE ROLE {clerk} LOGIN PASSWORD 'clerk'; "
+                                   f"GRANT SELECT, UPDATE ON cbr_daily_rates TO {clerk}")
+    try:
+        as_clerk = parsed.set(username=clerk, password="clerk").render_as_string(
+            hide_password=False)
+        operator_sql(as_clerk, "UPDATE cbr_daily_rates SET value = 1 WHERE char_code = 'USD'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            operator_sql(as_clerk, "UPDATE partition_loads SET content_digest = 'forged'")
+    finally:
+        operator_sql(pg_warehouse_url, f"REVOKE ALL ON cbr_daily_rates FROM {clerk}; "
+                                       f"DROP ROLE {clerk}")
+    assert ledger(pg_warehouse_url)[("cbr_daily_rates", DAY.isoformat())]["content_digest"] is None
+    assert load(pg_warehouse_url, rates(), "run-2").updated == 1
