@@ -19,7 +19,11 @@ from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines_tests.etl.test_loading import DAY, load, rates
-from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
+from mostovik_pipelines_tests.support.warehouse import (
+    create_tables,
+    physical_snapshot,
+    table_rows,
+)
 
 MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
 
@@ -120,9 +124,7 @@ def orders(day: str, *ids: str) -> pd.DataFrame:
 def test_a_load_that_moves_a_row_between_partitions_forgets_their_digests(pg_warehouse_url):
     """The key is the order alone, so a load of 11-06 can take an order away from 11-05; the
     next load of 11-05 then has work to do, even with the rows it had before."""
-    engine = create_engine(pg_warehouse_url)
-    moving_metadata.create_all(engine)
-    engine.dispose()
+    create_tables(pg_warehouse_url, moving_metadata)
     warehouse = warehouse_engine(pg_warehouse_url)
     load_partition(warehouse, ORDERS_BY_DAY, orders("2026-11-05", "A", "B"), "2026-11-05", "r1")
     moved = load_partition(warehouse, ORDERS_BY_DAY, orders("2026-11-06", "A"), "2026-11-06",

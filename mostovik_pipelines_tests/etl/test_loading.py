@@ -21,7 +21,6 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
-    create_engine,
 )
 
 from mostovik_pipelines.etl import loading
@@ -37,7 +36,11 @@ from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
-from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
+from mostovik_pipelines_tests.support.warehouse import (
+    create_tables,
+    physical_snapshot,
+    table_rows,
+)
 
 DAY = date(2026, 11, 5)
 
@@ -124,9 +127,7 @@ def orders(*rows: tuple[str, str, int, str]) -> pd.DataFrame:
 
 
 def test_merge_by_version_never_lets_an_old_window_overwrite_a_newer_record(warehouse_url):
-    engine = create_engine(warehouse_url)
-    versioned_metadata.create_all(engine)
-    engine.dispose()
+    create_tables(warehouse_url, versioned_metadata)
     merge = warehouse_engine(warehouse_url)
 
     first = load_partition(merge, WORK_ORDERS, orders(("A", "2026-11-01", 1, "open"),
@@ -235,9 +236,7 @@ def every_type_frame() -> pd.DataFrame:
 
 
 def test_every_column_type_is_stored_exactly(warehouse_url):
-    engine = create_engine(warehouse_url)
-    typed_metadata.create_all(engine)
-    engine.dispose()
+    create_tables(warehouse_url, typed_metadata)
     # On PostgreSQL this frame takes the binary COPY path, the one under test here.
     assert _binary_rows(every_type, _arrow_rows(every_type_frame())) is not None
     counts = load_partition(warehouse_engine(warehouse_url), EVERY_TYPE, every_type_frame(),
@@ -294,9 +293,7 @@ def test_a_partition_read_back_in_many_batches_compares_row_for_row(
     """The stored partition and the frame are walked side by side in key order, one read-back
     batch at a time; with batches of a few rows, every kind of difference falls on or next to
     a batch boundary. Text keys order by bytes ("é" after "z"), numbers as numbers."""
-    engine = create_engine(pg_warehouse_url)
-    regional_metadata.create_all(engine)
-    engine.dispose()
+    create_tables(pg_warehouse_url, regional_metadata)
     monkeypatch.setattr(loading, "READ_BACK_BATCH_BYTES", 200)
     target = LoadTarget(regional, ("day", "region", "n"), "day", mode,
                         "version" if mode is LoadMode.MERGE_BY_VERSION else None)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Table, UniqueConstraint, create_engine, select, text
+from sqlalchemy import MetaData, Table, UniqueConstraint, create_engine, select, text
 
 import mostovik_pipelines.sources  # noqa: F401 - registers the tables
 from mostovik_pipelines.warehouse.schema import metadata
+
+
+def create_tables(url: str, tables: MetaData) -> None:
+    """Create a test's own tables (the warehouse's come from the migrations)."""
+    engine = create_engine(url)
+    try:
+        tables.create_all(engine)
+    finally:
+        engine.dispose()
 
 
 def table_rows(url: str, table: str | Table) -> list[dict]:
