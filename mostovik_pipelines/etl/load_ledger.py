@@ -4,22 +4,39 @@ table, the run that last loaded it, how many rows the source delivered, and thei
 A re-load whose rows hash to the digest recorded by the last load has nothing to do: the rows
 are exactly what that load wrote, so the load returns "all unchanged" without reading the
 partition back. The digest is trusted only where the table can tell when something else wrote
-it: on PostgreSQL a statement trigger (``warehouse.schema.postgresql_conventions``) forgets a
-table's digests as soon as anything but the loader writes it, the loader forgets them
-itself when a load moves rows between partitions, and ``mostovik db upgrade`` forgets them all
-after a migration. SQLite records no digest, so every re-load there compares the stored rows.
+it, that is on PostgreSQL, and only while the table's guard trigger is there and enabled
+(``warehouse.schema.postgresql_conventions``):
+
+* the trigger forgets a table's digests as soon as anything but the loader writes it. Loads
+  hold the table's writes lock shared for their whole transaction and the trigger takes it
+  exclusively, so an outside write either commits before a load starts (the load reads it) or
+  forgets the digests after the load has committed them;
+* a load that may move rows in from other partitions (the partition column is not part of the
+  natural key) holds the writes lock exclusively, and forgets the table's digests itself when it
+  does move rows;
+* a migration forgets them all, in its own transaction (``warehouse/migrations/env.py``);
+  ``mostovik db forget-digests`` is for writes no trigger sees.
+
+SQLite records no digest, so every re-load there compares the stored rows.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
 from sqlalchemy import Connection, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from mostovik_pipelines.warehouse.schema import LOADING_SETTING, RUN_ID_SETTING, partition_loads
+from mostovik_pipelines.warehouse.schema import (
+    GUARD_TRIGGER_SUFFIX,
+    LOADING_SETTING,
+    RUN_ID_SETTING,
+    partition_loads,
+    table_writes_lock_key,
+)
 
 LOADER_FORMAT = "1"
 """Part of every digest: bump it when the loader starts writing the same rows differently, so
@@ -57,13 +74,37 @@ def rows_digest(rows: pa.Table, load_mode: str) -> str:
     return sink.hash.hexdigest()
 
 
-def begin_postgresql_load(connection: Connection, run_id: str) -> datetime:
-    """Mark this transaction as the loader's, with its run id for the bookkeeping defaults;
-    returns the transaction's time, which every bookkeeping timestamp of the load uses."""
-    return connection.exec_driver_sql(
-        "SELECT set_config(%(run)s, %(run_id)s, true), set_config(%(loading)s, 'on', true), now()",
-        {"run": RUN_ID_SETTING, "run_id": run_id, "loading": LOADING_SETTING},
-    ).one()[2]
+@dataclass(frozen=True)
+class PostgresqlLoad:
+    """What the start of a load transaction on PostgreSQL established."""
+
+    now: datetime
+    """The transaction's time: every bookkeeping timestamp of the load."""
+    digests_guarded: bool
+    """The table's guard trigger is there and enabled: digests may be recorded and trusted."""
+    utf8: bool
+    """The server stores text as UTF-8 (or as the bytes it is given), so ``COLLATE "C"``
+    orders text as Arrow and Python do."""
+
+
+def begin_postgresql_load(connection: Connection, table_name: str, run_id: str, *,
+                          exclusive: bool) -> PostgresqlLoad:
+    """Mark this transaction as the loader's (run id for the bookkeeping defaults, UTF-8 on
+    the wire) and hold the table's writes lock until it ends: shared, or ``exclusive`` for a
+    load that may move rows in from other partitions (no other load of the table is then in
+    flight to record a digest of rows it takes away)."""
+    lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    now, guarded, encoding = connection.exec_driver_sql(
+        "SELECT set_config(%(run)s, %(run_id)s, true), set_config(%(loading)s, 'on', true), "
+        "set_config('client_encoding', 'UTF8', true), "
+        f"{lock}({table_writes_lock_key('%(table)s')}), now(), "
+        "EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(quote_ident(%(table)s)) "
+        "AND tgname = %(trigger)s AND tgenabled <> 'D'), current_setting('server_encoding')",
+        {"run": RUN_ID_SETTING, "run_id": run_id, "loading": LOADING_SETTING,
+         "table": table_name, "trigger": f"{table_name}{GUARD_TRIGGER_SUFFIX}"},
+    ).one()[4:]
+    return PostgresqlLoad(now=now, digests_guarded=guarded,
+                          utf8=encoding in ("UTF8", "SQL_ASCII"))
 
 
 def recorded_digest(connection: Connection, table_name: str, partition_key: str) -> str | None:

@@ -52,6 +52,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 from sqlalchemy import (
+    CHAR,
+    REAL,
     BigInteger,
     Boolean,
     Column,
@@ -59,6 +61,7 @@ from sqlalchemy import (
     Date,
     DateTime,
     Engine,
+    Enum,
     Float,
     Integer,
     MetaData,
@@ -71,6 +74,7 @@ from sqlalchemy.sql.expression import bindparam
 
 from mostovik_pipelines.etl import loading_sql
 from mostovik_pipelines.etl.load_ledger import (
+    PostgresqlLoad,
     begin_postgresql_load,
     forget_digests,
     record_load,
@@ -147,16 +151,19 @@ def load_partition(
     with engine.begin() as connection:
         lock_partition(connection, table_name, partition_key)
         if connection.dialect.name == "postgresql":
-            now = begin_postgresql_load(connection, run_id)
+            session = begin_postgresql_load(
+                connection, table_name, run_id,
+                exclusive=target.partition_column not in target.natural_key)
             rows = _arrow_rows(frame)
-            digest = rows_digest(rows, target.mode)
-            if digest == recorded_digest(connection, table_name, partition_key):
+            digest = rows_digest(rows, target.mode) if session.digests_guarded else None
+            if digest is not None and digest == recorded_digest(connection, table_name,
+                                                                partition_key):
                 counts = LoadCounts(inserted=0, updated=0, unchanged=rows.num_rows, deleted=0)
             else:
-                counts = _load_postgresql(connection, target, rows, partition_key,
-                                          {"run_id": run_id, "now": now})
+                counts = _load_postgresql(connection, target, rows, partition_key, session,
+                                          {"run_id": run_id, "now": session.now})
                 record_load(connection, table_name, partition_key, rows.num_rows, digest,
-                            run_id, now)
+                            run_id, session.now)
         else:
             now = datetime.now(UTC)
             stage = _create_stage(connection, target.table, target.columns)
@@ -170,9 +177,10 @@ def load_partition(
 
 
 def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
-                     partition_key: str, bookkeeping: dict[str, Any]) -> LoadCounts:
+                     partition_key: str, session: PostgresqlLoad,
+                     bookkeeping: dict[str, Any]) -> LoadCounts:
     partition_value = target.partition_value(partition_key)
-    if not _comparable_key(target, rows):
+    if not (session.utf8 and _comparable_key(target, rows)):
         # Keys Arrow cannot match as the database does: stage everything, the SQL decides.
         pending, vanished = None, None
     else:
@@ -209,8 +217,9 @@ def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, stage
         connection, loading_sql.rows_moving_in_from_other_partitions(
             dialect, target.table, stage, target.natural_key, target.partition_column)
     ):
-        # The update below moves rows out of other partitions: what those partitions hold is
-        # no longer what their last loads wrote.
+        # The update below moves rows out of other partitions: their digests no longer describe
+        # them. (Such a load holds the table's writes lock exclusively: no other load of the
+        # table is in flight to record a digest this check cannot see.)
         forget_digests(connection, target.table.name)
     updated = _execute(connection, loading_sql.update_changed_rows(
         dialect, target.table, stage, target.natural_key, columns, target.version_column
@@ -353,7 +362,10 @@ def _binary_arrow_type(sql_type: Any, arrow_type: pa.DataType) -> pa.DataType | 
     if isinstance(sql_type, Boolean):
         return arrow_type if pa.types.is_boolean(arrow_type) else None
     if isinstance(sql_type, Float):
-        return pa.float64() if pa.types.is_floating(arrow_type) else None
+        # double precision only, from float64 only: a float32 widened to float64 would store
+        # 0.10000000149011612 where the CSV path stores its shortest text, 0.1.
+        single = isinstance(sql_type, REAL) or (sql_type.precision or 53) <= 24
+        return pa.float64() if pa.types.is_float64(arrow_type) and not single else None
     if isinstance(sql_type, Integer):
         width = (pa.int64() if isinstance(sql_type, BigInteger)
                  else pa.int16() if isinstance(sql_type, SmallInteger) else pa.int32())
@@ -400,6 +412,8 @@ def _comparable_key(target: LoadTarget, rows: pa.Table) -> bool:
         frame_type = rows.schema.field(name).type
         if rows.column(name).null_count or pa.types.is_floating(frame_type):
             return False
+        if isinstance(target.table.c[name].type, CHAR | Enum):
+            return False  # blank-padded or enum text does not read back as it was sent
         if not (_arrow_type(target.table, name, frame_type) is not None or (
             isinstance(target.table.c[name].type, String) and _is_text(frame_type)
         )):
@@ -408,8 +422,7 @@ def _comparable_key(target: LoadTarget, rows: pa.Table) -> bool:
 
 
 def _is_text(arrow_type: pa.DataType) -> bool:
-    return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
-            or pa.types.is_string_view(arrow_type))
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
 
 
 def _read_back(connection: Connection, target: LoadTarget, rows: pa.Table,
@@ -431,16 +444,24 @@ def _read_back(connection: Connection, target: LoadTarget, rows: pa.Table,
         connection.dialect, target.table, columns, target.partition_column,
         target.natural_key, text_keys,
     )
-    received = io.BytesIO()
+    received = _read_back_buffer()
     with cursor.copy(statement, (partition_value,)) as copy:
         # One COPY message is one row, so every batch of messages parses on its own.
         for block in copy:
             received.write(block)
             if received.tell() >= READ_BACK_BATCH_BYTES:
                 yield _parse_csv(received, columns, types)
-                received = io.BytesIO()
-    if received.tell():
+                received = _read_back_buffer()
+    if received.tell() > 1:
         yield _parse_csv(received, columns, types)
+
+
+def _read_back_buffer() -> io.BytesIO:
+    """A buffer that starts with an empty line, which the CSV reader skips: the reader drops a
+    byte-order mark at the very start of its input, and a stored value may begin with one."""
+    buffer = io.BytesIO()
+    buffer.write(b"\n")
+    return buffer
 
 
 def _compare_in_key_order(target: LoadTarget, rows: pa.Table, order: np.ndarray,
@@ -478,7 +499,9 @@ def _parse_csv(received: io.BytesIO, columns: list[str], types: dict[str, pa.Dat
                ) -> pa.Table:
     return pa_csv.read_csv(
         pa.BufferReader(received.getbuffer()),
-        read_options=pa_csv.ReadOptions(column_names=columns, block_size=READ_BACK_BATCH_BYTES),
+        # One block for the whole batch: a row never straddles blocks, however long it is.
+        read_options=pa_csv.ReadOptions(column_names=columns,
+                                        block_size=max(received.tell(), 1 << 16)),
         parse_options=pa_csv.ParseOptions(newlines_in_values=True),
         convert_options=pa_csv.ConvertOptions(
             column_types=types, null_values=[""], strings_can_be_null=True,

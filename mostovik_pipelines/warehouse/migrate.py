@@ -12,9 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect, update
-
-from mostovik_pipelines.warehouse.schema import partition_loads
+from sqlalchemy import create_engine
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -27,30 +25,16 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
-    """Bring the warehouse schema to ``revision``. When that changed anything, the content
-    digests of all partition loads are forgotten: a migration may have changed stored values
-    without going through the loader (see :mod:`mostovik_pipelines.etl.load_ledger`)."""
+    """Bring the warehouse schema to ``revision``. When that changes anything, the content
+    digests of all partition loads are forgotten in the same transaction (``env.py``)."""
     if database_url.startswith("sqlite:///"):
         Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    before = current_revision(database_url)
     command.upgrade(alembic_config(database_url), revision)
-    if current_revision(database_url) != before:
-        _forget_content_digests(database_url)
 
 
 def downgrade(database_url: str, revision: str) -> None:
     """Take the warehouse schema back to ``revision`` (a release rolled back)."""
     command.downgrade(alembic_config(database_url), revision)
-
-
-def _forget_content_digests(database_url: str) -> None:
-    engine = create_engine(database_url)
-    try:
-        with engine.begin() as connection:
-            if inspect(connection).has_table(partition_loads.name):
-                connection.execute(update(partition_loads).values(content_digest=None))
-    finally:
-        engine.dispose()
 
 
 def current_revision(database_url: str) -> str | None:

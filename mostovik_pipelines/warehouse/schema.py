@@ -12,7 +12,8 @@ migrations and by :func:`warehouse_table` on ``create_all``):
   insert from outside the loader, which sets no run id, fails on ``NOT NULL``;
 * a statement trigger that forgets the table's content digests in :data:`partition_loads`
   whenever anything but the loader writes the table (the loader marks its transactions with
-  ``mostovik.loading``), so a re-load compares the real rows again instead of trusting the digest.
+  ``mostovik.loading``), so a re-load compares the real rows again instead of trusting the digest;
+  the loader trusts a digest only while that trigger is there and enabled.
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ def data_columns(table: Table) -> list[str]:
 
 
 FORGET_DIGESTS_FUNCTION = "mostovik_forget_partition_digests"
+GUARD_TRIGGER_SUFFIX = "_written_outside_loader"
+
+
+def table_writes_lock_key(name_sql: str) -> str:
+    """SQL for the advisory lock key (bigint) that orders a table's loads against writes from
+    outside the loader: loads hold it shared, the trigger exclusively (see
+    :mod:`mostovik_pipelines.etl.load_ledger`). ``name_sql`` is SQL for the table's name."""
+    return f"('x' || substr(md5('mostovik table writes: ' || {name_sql}), 1, 16))::bit(64)::bigint"
 
 
 def postgresql_conventions(table: str, key_text_columns: Mapping[str, str]) -> list[str]:
@@ -111,6 +120,10 @@ def postgresql_conventions(table: str, key_text_columns: Mapping[str, str]) -> l
             LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
             BEGIN
                 IF current_setting('{LOADING_SETTING}', true) IS DISTINCT FROM 'on' THEN
+                    -- Wait for the loads in flight to commit, and keep new ones waiting until
+                    -- this write commits: a load then either sees the write or records its
+                    -- digest before the digest is forgotten here.
+                    PERFORM pg_advisory_xact_lock({table_writes_lock_key("TG_TABLE_NAME")});
                     EXECUTE 'UPDATE ' || quote_ident(TG_TABLE_SCHEMA) || '.partition_loads '
                         || 'SET content_digest = NULL '
                         || 'WHERE table_name = $1 AND content_digest IS NOT NULL'
@@ -119,8 +132,8 @@ def postgresql_conventions(table: str, key_text_columns: Mapping[str, str]) -> l
                 RETURN NULL;
             END
             $body$""",
-        f'DROP TRIGGER IF EXISTS "{table}_written_outside_loader" ON "{table}"',
-        f'CREATE TRIGGER "{table}_written_outside_loader" '
+        f'DROP TRIGGER IF EXISTS "{table}{GUARD_TRIGGER_SUFFIX}" ON "{table}"',
+        f'CREATE TRIGGER "{table}{GUARD_TRIGGER_SUFFIX}" '
         f'AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "{table}" '
         f"FOR EACH STATEMENT EXECUTE FUNCTION {FORGET_DIGESTS_FUNCTION}()",
     ]

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from datetime import date
+from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
@@ -15,10 +18,12 @@ import pytest
 from sqlalchemy import Column, Date, Integer, MetaData, String, create_engine, select
 from sqlalchemy.engine import make_url
 
+from mostovik_pipelines.etl import loading
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines_tests.etl.test_loading import DAY, load, rates
+from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock
 from mostovik_pipelines_tests.support.warehouse import (
     create_tables,
     physical_snapshot,
@@ -175,3 +180,112 @@ def test_a_clerk_without_rights_on_the_ledger_can_still_edit_and_is_still_notice
                                        f"DROP ROLE {clerk}")
     assert ledger(pg_warehouse_url)[("cbr_daily_rates", DAY.isoformat())]["content_digest"] is None
     assert load(pg_warehouse_url, rates(), "run-2").updated == 1
+
+
+class PausedLoad:
+    """A load in a thread of its own that stops inside its transaction, after reading the
+    partition back and before writing or recording anything, until released."""
+
+    def __init__(self, monkeypatch, load) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.result: dict = {}
+        compare = loading._compare_in_key_order
+
+        def paused_compare(*args, **kwargs):
+            result = compare(*args, **kwargs)
+            if threading.current_thread() is self.thread:
+                self.entered.set()
+                assert self.release.wait(60)
+            return result
+
+        monkeypatch.setattr(loading, "_compare_in_key_order", paused_compare)
+        self.thread = threading.Thread(target=lambda: self.result.update(counts=load()))
+        self.thread.start()
+        assert self.entered.wait(60), "the load never reached its comparison"
+
+    def finish(self):
+        self.release.set()
+        self.thread.join(60)
+        return self.result["counts"]
+
+
+def in_thread(work) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def finished_or_waiting(pg_url: str, thread: threading.Thread, query_like: str) -> None:
+    """Until ``thread`` is done or its statement waits on a lock (then it stays waiting)."""
+    parsed = make_url(pg_url)
+    with psycopg.connect(host=parsed.host, port=parsed.port, user=parsed.username,
+                         password=parsed.password, dbname=parsed.database,
+                         autocommit=True) as observer:
+        deadline = time.monotonic() + 30
+        while thread.is_alive() and time.monotonic() < deadline:
+            if backend_waiting_on_a_lock(observer, query_like, timeout=0.2):
+                return
+    assert not thread.is_alive() or time.monotonic() < deadline
+
+
+def test_a_write_by_hand_during_a_load_is_never_hidden_by_its_digest(
+    pg_warehouse_url, monkeypatch
+):
+    """The operator's edit commits while a load of the same partition is in flight: either the
+    load sees it, or the edit forgets the digest the load records. Never a digest that claims
+    the edited row is as the source says."""
+    load(pg_warehouse_url, rates(), "run-1")
+    changed = rates(USD="93.0000")
+    paused = PausedLoad(monkeypatch, lambda: load(pg_warehouse_url, changed, "run-2"))
+    edit, outcome = in_thread(lambda: operator_sql(
+        pg_warehouse_url, "UPDATE cbr_daily_rates SET value = 1 WHERE char_code = 'EUR'"))
+    finished_or_waiting(pg_warehouse_url, edit, "UPDATE cbr_daily_rates%")
+    assert paused.finish().updated == 1
+    edit.join(60)
+    assert "error" not in outcome
+    repaired = load(pg_warehouse_url, changed, "run-3")
+    assert repaired.as_dict() == {"inserted": 0, "updated": 1, "unchanged": 2, "deleted": 0}
+    values = {r["char_code"]: r["value"] for r in table_rows(pg_warehouse_url, "cbr_daily_rates")}
+    assert values == {"USD": Decimal("93.0000"), "EUR": Decimal("100.1000"),
+                      "JPY": Decimal("61.2000")}
+
+
+def test_a_move_between_partitions_during_a_load_is_never_hidden_by_its_digest(
+    pg_warehouse_url, monkeypatch
+):
+    """A load of 11-06 takes order A from 11-05 while a load of 11-05 is in flight: the 11-05
+    load's digest must not survive to claim A is still there."""
+    create_tables(pg_warehouse_url, moving_metadata)
+    warehouse = warehouse_engine(pg_warehouse_url)
+    load_partition(warehouse, ORDERS_BY_DAY, orders("2026-11-05", "A", "B"), "2026-11-05", "r1")
+    again = orders("2026-11-05", "A", "B")
+    again.loc[1, "quantity"] = 2
+    paused = PausedLoad(monkeypatch, lambda: load_partition(
+        warehouse, ORDERS_BY_DAY, again, "2026-11-05", "r2"))
+    mover, outcome = in_thread(lambda: load_partition(
+        warehouse, ORDERS_BY_DAY, orders("2026-11-06", "A"), "2026-11-06", "r3"))
+    finished_or_waiting(pg_warehouse_url, mover, "%pg_advisory_xact_lock(%")
+    assert paused.finish().updated == 1
+    mover.join(60)
+    assert outcome["value"].updated == 1  # A moved to 11-06
+    back = load_partition(warehouse, ORDERS_BY_DAY, again, "2026-11-05", "r4")
+    assert back.as_dict() == {"inserted": 0, "updated": 1, "unchanged": 1, "deleted": 0}
+    assert {r["order_id"]: r["day"] for r in table_rows(pg_warehouse_url, orders_by_day)} == {
+        "A": date(2026, 11, 5), "B": date(2026, 11, 5)}
+
+
+def test_a_digest_is_not_trusted_while_the_guard_trigger_is_disabled(pg_warehouse_url):
+    load(pg_warehouse_url, rates(), "run-1")
+    operator_sql(pg_warehouse_url, "ALTER TABLE cbr_daily_rates DISABLE TRIGGER "
+                                   "cbr_daily_rates_written_outside_loader; "
+                                   "UPDATE cbr_daily_rates SET value = 1 WHERE char_code = 'USD'")
+    assert load(pg_warehouse_url, rates(), "run-2").updated == 1
+    assert ledger(pg_warehouse_url)[("cbr_daily_rates", DAY.isoformat())]["content_digest"] is None

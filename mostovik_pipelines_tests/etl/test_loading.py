@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
@@ -12,6 +13,8 @@ import psycopg
 import pyarrow as pa
 import pytest
 from sqlalchemy import (
+    CHAR,
+    REAL,
     BigInteger,
     Boolean,
     Column,
@@ -24,6 +27,7 @@ from sqlalchemy import (
 )
 
 from mostovik_pipelines.etl import loading
+from mostovik_pipelines.etl.load_ledger import forget_digests
 from mostovik_pipelines.etl.loading import (
     LoadMode,
     LoadTarget,
@@ -34,6 +38,7 @@ from mostovik_pipelines.etl.loading import (
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
+from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
 from mostovik_pipelines_tests.support.warehouse import (
@@ -320,3 +325,98 @@ def test_a_partition_read_back_in_many_batches_compares_row_for_row(
     if mode is LoadMode.MERGE_BY_VERSION:
         expected |= {k: f"x{k[1]}" for k in removed}
     assert stored == expected
+
+
+awkward_metadata = MetaData()
+awkward = warehouse_table(
+    "test_awkward",
+    Column("code", String(8), nullable=False),
+    Column("padded", CHAR(3), nullable=False),
+    Column("day", Date, nullable=False),
+    Column("ratio", Float, nullable=True),
+    Column("small", REAL, nullable=True),
+    natural_key=("code", "padded"),
+    in_metadata=awkward_metadata,
+)
+AWKWARD = LoadTarget(awkward, ("code", "padded"), "day", LoadMode.REPLACE_PARTITION)
+
+
+def awkward_frame(ratio: float = 0.1) -> pd.DataFrame:
+    """Keys that read back differently from how they were sent unless handled: a blank-padded
+    CHAR(3), Cyrillic; a float32 ratio and a single-precision column."""
+    codes = ["\ufeffA", "ё", "я", "a"]
+    return pd.DataFrame({
+        "code": pd.array(codes, dtype="str"),
+        "padded": pd.array(["ab", "abc", "x", "ab"], dtype="str"),
+        "day": [DAY] * 4,
+        "ratio": pd.array([ratio, 0.5, None, 2.0], dtype="Float32"),
+        "small": [0.25, 1.5, None, 3.0],
+    })
+
+
+def reload_comparing_rows(url: str, frame: pd.DataFrame, run_id: str):
+    """A re-load that compares the stored rows (the digest of the last load forgotten)."""
+    engine = warehouse_engine(url)
+    with engine.begin() as connection:
+        forget_digests(connection)
+    return load_partition(engine, AWKWARD, frame, DAY.isoformat(), run_id)
+
+
+def test_awkward_keys_and_floats_read_back_as_they_were_sent(pg_warehouse_url):
+    create_tables(pg_warehouse_url, awkward_metadata)
+    first = load_partition(warehouse_engine(pg_warehouse_url), AWKWARD, awkward_frame(),
+                           DAY.isoformat(), "run-1")
+    assert first.inserted == 4
+    assert reload_comparing_rows(pg_warehouse_url, awkward_frame(), "run-2").as_dict() == {
+        "inserted": 0, "updated": 0, "unchanged": 4, "deleted": 0}
+    changed = reload_comparing_rows(pg_warehouse_url, awkward_frame(ratio=0.2), "run-3")
+    assert changed.as_dict() == {"inserted": 0, "updated": 1, "unchanged": 3, "deleted": 0}
+    stored = {(r["code"], r["padded"].rstrip()): (r["ratio"], r["small"])
+              for r in table_rows(pg_warehouse_url, awkward)}
+    assert stored == {("\ufeffA", "ab"): (0.2, 0.25), ("ё", "abc"): (0.5, 1.5),
+                      ("я", "x"): (None, None), ("a", "ab"): (2.0, 3.0)}
+
+
+def test_a_value_that_starts_with_a_byte_order_mark_keeps_it(pg_warehouse_url, monkeypatch):
+    """Arrow's CSV reader drops a byte-order mark at the start of its input; read back one row
+    per batch, every row's first value is at such a start."""
+    create_tables(pg_warehouse_url, regional_metadata)
+    monkeypatch.setattr(loading, "READ_BACK_BATCH_BYTES", 1)
+    target = LoadTarget(regional, ("day", "region", "n"), "day", LoadMode.REPLACE_PARTITION)
+    engine = warehouse_engine(pg_warehouse_url)
+    keys = [("\ufeffA", 1), ("A", 1), ("b", 2)]
+    load_partition(engine, target, regional_frame(keys), DAY.isoformat(), "run-1")
+    with engine.begin() as connection:
+        forget_digests(connection)
+    counts = load_partition(engine, target, regional_frame(keys), DAY.isoformat(), "run-2")
+    assert counts.as_dict() == {"inserted": 0, "updated": 0, "unchanged": 3, "deleted": 0}
+    assert {r["region"] for r in table_rows(pg_warehouse_url, regional)} == {"\ufeffA", "A", "b"}
+
+
+def test_a_database_that_does_not_store_utf8_loads_and_compares_correctly(postgres):
+    """Windows-1251, as an old Russian back-office database may be: text arrives as UTF-8 and
+    is stored converted; its byte order ("ё" before "я") is not UTF-8's ("я" before "ё"), so
+    the rows are not walked in key order but compared by the SQL."""
+    name = f"wh1251_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'WIN1251' "
+                      "LC_COLLATE 'C' LC_CTYPE 'C'")
+    url = postgres.url(name)
+    try:
+        migrate.upgrade(url)
+        create_tables(url, regional_metadata)
+        target = LoadTarget(regional, ("day", "region", "n"), "day", LoadMode.REPLACE_PARTITION)
+        keys = [("a", 1), ("ё", 1), ("я", 1), ("я", 2)]
+        engine = warehouse_engine(url)
+        load_partition(engine, target, regional_frame(keys), DAY.isoformat(), "run-1")
+        with engine.begin() as connection:
+            forget_digests(connection)
+        counts = load_partition(engine, target, regional_frame(keys, note="y"),
+                                DAY.isoformat(), "run-2")
+        assert counts.as_dict() == {"inserted": 0, "updated": 4, "unchanged": 0, "deleted": 0}
+        assert {(r["region"], r["n"], r["note"]) for r in table_rows(url, regional)} == {
+            (r, n, f"y{n}") for r, n in keys}
+    finally:
+        warehouse_engine(url).dispose()
+        with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")

@@ -119,7 +119,8 @@ def test_a_run_killed_while_holding_the_lock_leaves_the_partition_as_before(
     doomed = start_job_execute(PARTITION, env, tmp_path)
     backend = backend_waiting_on_a_lock(observer, "UPDATE%cbr_daily_rates%")
     assert backend is not None, "the run never reached its UPDATE"
-    assert _advisory_locks_held(observer, backend) == 1
+    # The partition's lock, and the table's writes lock held shared (load_ledger).
+    assert _advisory_locks_held(observer, backend) == 2
 
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait()

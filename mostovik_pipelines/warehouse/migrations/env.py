@@ -1,11 +1,11 @@
 """Alembic environment: the URL comes from the caller (``mostovik db upgrade``), never a file."""
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect, update
 
 import mostovik_pipelines.etl.quarantine  # registers the quarantine table
 import mostovik_pipelines.sources  # noqa: F401 - registers every source's table
-from mostovik_pipelines.warehouse.schema import metadata
+from mostovik_pipelines.warehouse.schema import metadata, partition_loads
 
 database_url = context.config.attributes["database_url"]
 engine = create_engine(database_url)
@@ -13,6 +13,13 @@ with engine.connect() as connection:
     context.configure(connection=connection, target_metadata=metadata,
                       render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
+        before = context.get_context().get_current_revision()
         context.run_migrations()
+        if context.get_context().get_current_revision() != before and inspect(
+            connection
+        ).has_table(partition_loads.name):
+            # A migration may have changed stored values without the loader: no partition's
+            # digest describes its rows for sure any more (mostovik_pipelines.etl.load_ledger).
+            connection.execute(update(partition_loads).values(content_digest=None))
     connection.commit()
 engine.dispose()
