@@ -24,6 +24,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
 )
 
 from mostovik_pipelines.etl import loading
@@ -420,3 +421,28 @@ def test_a_database_that_does_not_store_utf8_loads_and_compares_correctly(postgr
         warehouse_engine(url).dispose()
         with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+long_metadata = MetaData()
+long_texts = warehouse_table(
+    "test_long_texts",
+    Column("doc", String(16), nullable=False),
+    Column("day", Date, nullable=False),
+    Column("body", Text, nullable=False),
+    natural_key=("doc",),
+    in_metadata=long_metadata,
+)
+
+
+def test_a_row_longer_than_a_read_back_batch_is_compared(pg_warehouse_url):
+    """A 3 MB text value reads back as one row longer than a batch and than a parse block."""
+    create_tables(pg_warehouse_url, long_metadata)
+    target = LoadTarget(long_texts, ("doc",), "day", LoadMode.REPLACE_PARTITION)
+    frame = pd.DataFrame({"doc": pd.array(["a", "b"], dtype="str"), "day": [DAY, DAY],
+                          "body": pd.array(["x" * 3_000_000, "short"], dtype="str")})
+    engine = warehouse_engine(pg_warehouse_url)
+    load_partition(engine, target, frame, DAY.isoformat(), "run-1")
+    with engine.begin() as connection:
+        forget_digests(connection)
+    again = load_partition(engine, target, frame, DAY.isoformat(), "run-2")
+    assert again.as_dict() == {"inserted": 0, "updated": 0, "unchanged": 2, "deleted": 0}
