@@ -17,6 +17,7 @@ from dagster import DagsterEventType
 
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
+from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -137,7 +138,7 @@ def _snapshot(url: str, spec) -> dict:
     """Every row of the source's table with its physical identity (a rewritten row gets a new
     ctid and xmin), and the whole quarantine."""
     order = ", ".join(spec.natural_key)
-    with psycopg.connect(_dsn(url)) as connection:
+    with psycopg.connect(dsn_of(url)) as connection:
         table = connection.execute(
             f"SELECT ctid::text, xmin::text, * FROM {spec.table.name} ORDER BY {order}")
         names = [d.name for d in table.description]
@@ -153,7 +154,7 @@ def _partition_rows(snapshot: dict, spec, partition: str) -> list[dict]:
 
 
 def _rows(url: str, spec, partition: str) -> list[dict]:
-    with psycopg.connect(_dsn(url)) as connection:
+    with psycopg.connect(dsn_of(url)) as connection:
         cursor = connection.execute(
             f"SELECT * FROM {spec.table.name} WHERE {spec.partition_column}::text = %s",
             (partition,))
@@ -168,5 +169,3 @@ def _materialized(instance, run_id: str) -> list[dict]:
             for r in records]
 
 
-def _dsn(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")

@@ -38,7 +38,11 @@ from mostovik_pipelines_tests.support.celery_workers import (
 )
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.locations import code_location_for
-from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, backend_waiting_on_a_lock
+from mostovik_pipelines_tests.support.postgres import (
+    ThrowawayPostgres,
+    backend_waiting_on_a_lock,
+    dsn_of,
+)
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
@@ -278,11 +282,11 @@ def test_a_transient_failure_is_retried_as_a_new_celery_task(deployment, standin
 
 
 def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
-    deployment, standin, standin_server, postgres, pg_warehouse_url, tmp_path
+    deployment, standin, standin_server, pg_warehouse_url, tmp_path
 ):
     # Hold the partition's business lock, so that the load stops inside its transaction.
     table_key, partition_key = partition_lock_keys("cbr_daily_rates", KILLED_PARTITION)
-    holder = psycopg.connect(postgres.dsn(deployment.warehouse_url.rsplit("/", 1)[1]),
+    holder = psycopg.connect(dsn_of(deployment.warehouse_url),
                              autocommit=True)
     try:
         holder.execute("SELECT pg_advisory_lock(%s, %s)", (table_key, partition_key))

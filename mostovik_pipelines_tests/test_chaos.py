@@ -16,6 +16,7 @@ from mostovik_pipelines.standin import StandinClient
 from mostovik_pipelines_tests.chaos import run_chaos
 from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
+from mostovik_pipelines_tests.support.postgres import dsn_of
 
 SEED = 20261108
 SCENARIOS = 20
@@ -43,7 +44,7 @@ def test_after_kills_faults_duplicates_and_reruns_the_data_equals_one_clean_run(
 
 
 def test_two_loads_replacing_one_partitions_quarantine_at_once_keep_each_row_once(
-    pg_warehouse_url, postgres
+    pg_warehouse_url
 ):
     """The moment two runs of one partition meet after their loads: both replace the partition's
     quarantine at once. (Found by this suite: the quarantine was replaced without a lock, and
@@ -51,7 +52,7 @@ def test_two_loads_replacing_one_partitions_quarantine_at_once_keep_each_row_onc
     engine = warehouse_engine(pg_warehouse_url)
     rejected = [RejectedRow(3, "<Valute>...</Valute>", "Value 'n/a' is not a decimal")]
     replace_quarantine(engine, "cbr_daily_rates", "2026-11-04", "run-0", rejected)
-    dsn = postgres.dsn(pg_warehouse_url.rsplit("/", 1)[1])
+    dsn = dsn_of(pg_warehouse_url)
     with psycopg.connect(dsn) as blocker, psycopg.connect(dsn, autocommit=True) as observer:
         # Hold the stored row so that both replacements are under way at once: inside their
         # DELETE, or one of them waiting for the other's lock.

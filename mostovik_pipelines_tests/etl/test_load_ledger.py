@@ -23,7 +23,7 @@ from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines_tests.etl.test_loading import DAY, load, rates
-from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock
+from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock, dsn_of
 from mostovik_pipelines_tests.support.warehouse import (
     create_tables,
     physical_snapshot,
@@ -45,10 +45,7 @@ def ledger(url: str) -> dict[tuple[str, str], dict]:
 
 def operator_sql(url: str, sql: str) -> None:
     """What an operator does by hand in psql: outside the loader."""
-    parsed = make_url(url)
-    with psycopg.connect(host=parsed.host, port=parsed.port, user=parsed.username,
-                         password=parsed.password, dbname=parsed.database,
-                         autocommit=True) as connection:
+    with psycopg.connect(dsn_of(url), autocommit=True) as connection:
         connection.execute(sql)
 
 
@@ -225,10 +222,7 @@ def in_thread(work) -> tuple[threading.Thread, dict]:
 
 def finished_or_waiting(pg_url: str, thread: threading.Thread, query_like: str) -> None:
     """Until ``thread`` is done or its statement waits on a lock (then it stays waiting)."""
-    parsed = make_url(pg_url)
-    with psycopg.connect(host=parsed.host, port=parsed.port, user=parsed.username,
-                         password=parsed.password, dbname=parsed.database,
-                         autocommit=True) as observer:
+    with psycopg.connect(dsn_of(pg_url), autocommit=True) as observer:
         deadline = time.monotonic() + 30
         while thread.is_alive() and time.monotonic() < deadline:
             if backend_waiting_on_a_lock(observer, query_like, timeout=0.2):

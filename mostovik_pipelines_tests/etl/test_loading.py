@@ -42,6 +42,7 @@ from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
+from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.warehouse import (
     create_tables,
     physical_snapshot,
@@ -153,9 +154,9 @@ def test_merge_by_version_never_lets_an_old_window_overwrite_a_newer_record(ware
 
 
 def test_loads_of_one_partition_wait_for_each_other_and_other_partitions_do_not(
-    pg_warehouse_url, postgres
+    pg_warehouse_url
 ):
-    holder = psycopg.connect(postgres.dsn(pg_warehouse_url.rsplit("/", 1)[1]), autocommit=True)
+    holder = psycopg.connect(dsn_of(pg_warehouse_url), autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s, %s)",
                    partition_lock_keys("cbr_daily_rates", DAY.isoformat()))
     finished: dict[str, float] = {}
@@ -355,12 +356,12 @@ def awkward_frame(ratio: float = 0.1) -> pd.DataFrame:
     })
 
 
-def reload_comparing_rows(url: str, frame: pd.DataFrame, run_id: str):
+def load_comparing_rows(url: str, target: LoadTarget, frame: pd.DataFrame, run_id: str):
     """A re-load that compares the stored rows (the digest of the last load forgotten)."""
     engine = warehouse_engine(url)
     with engine.begin() as connection:
         forget_digests(connection)
-    return load_partition(engine, AWKWARD, frame, DAY.isoformat(), run_id)
+    return load_partition(engine, target, frame, DAY.isoformat(), run_id)
 
 
 def test_awkward_keys_and_floats_read_back_as_they_were_sent(pg_warehouse_url):
@@ -368,9 +369,10 @@ def test_awkward_keys_and_floats_read_back_as_they_were_sent(pg_warehouse_url):
     first = load_partition(warehouse_engine(pg_warehouse_url), AWKWARD, awkward_frame(),
                            DAY.isoformat(), "run-1")
     assert first.inserted == 4
-    assert reload_comparing_rows(pg_warehouse_url, awkward_frame(), "run-2").as_dict() == {
+    assert load_comparing_rows(pg_warehouse_url, AWKWARD, awkward_frame(), "run-2").as_dict() == {
         "inserted": 0, "updated": 0, "unchanged": 4, "deleted": 0}
-    changed = reload_comparing_rows(pg_warehouse_url, awkward_frame(ratio=0.2), "run-3")
+    changed = load_comparing_rows(pg_warehouse_url, AWKWARD, awkward_frame(ratio=0.2),
+                                  "run-3")
     assert changed.as_dict() == {"inserted": 0, "updated": 1, "unchanged": 3, "deleted": 0}
     stored = {(r["code"], r["padded"].rstrip()): (r["ratio"], r["small"])
               for r in table_rows(pg_warehouse_url, awkward)}
@@ -387,9 +389,7 @@ def test_a_value_that_starts_with_a_byte_order_mark_keeps_it(pg_warehouse_url, m
     engine = warehouse_engine(pg_warehouse_url)
     keys = [("\ufeffA", 1), ("A", 1), ("b", 2)]
     load_partition(engine, target, regional_frame(keys), DAY.isoformat(), "run-1")
-    with engine.begin() as connection:
-        forget_digests(connection)
-    counts = load_partition(engine, target, regional_frame(keys), DAY.isoformat(), "run-2")
+    counts = load_comparing_rows(pg_warehouse_url, target, regional_frame(keys), "run-2")
     assert counts.as_dict() == {"inserted": 0, "updated": 0, "unchanged": 3, "deleted": 0}
     assert {r["region"] for r in table_rows(pg_warehouse_url, regional)} == {"\ufeffA", "A", "b"}
 
@@ -410,10 +410,7 @@ def test_a_database_that_does_not_store_utf8_loads_and_compares_correctly(postgr
         keys = [("a", 1), ("ё", 1), ("я", 1), ("я", 2)]
         engine = warehouse_engine(url)
         load_partition(engine, target, regional_frame(keys), DAY.isoformat(), "run-1")
-        with engine.begin() as connection:
-            forget_digests(connection)
-        counts = load_partition(engine, target, regional_frame(keys, note="y"),
-                                DAY.isoformat(), "run-2")
+        counts = load_comparing_rows(url, target, regional_frame(keys, note="y"), "run-2")
         assert counts.as_dict() == {"inserted": 0, "updated": 4, "unchanged": 0, "deleted": 0}
         assert {(r["region"], r["n"], r["note"]) for r in table_rows(url, regional)} == {
             (r, n, f"y{n}") for r, n in keys}
@@ -442,7 +439,5 @@ def test_a_row_longer_than_a_read_back_batch_is_compared(pg_warehouse_url):
                           "body": pd.array(["x" * 3_000_000, "short"], dtype="str")})
     engine = warehouse_engine(pg_warehouse_url)
     load_partition(engine, target, frame, DAY.isoformat(), "run-1")
-    with engine.begin() as connection:
-        forget_digests(connection)
-    again = load_partition(engine, target, frame, DAY.isoformat(), "run-2")
+    again = load_comparing_rows(pg_warehouse_url, target, frame, "run-2")
     assert again.as_dict() == {"inserted": 0, "updated": 0, "unchanged": 2, "deleted": 0}

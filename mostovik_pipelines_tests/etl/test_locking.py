@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock
+from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock, dsn_of
 from mostovik_pipelines_tests.support.processes import (
     run_environment,
     start_job_execute,
@@ -103,7 +103,7 @@ def test_a_run_during_a_backfill_over_its_partition_waits_and_the_table_is_consi
 
 
 def test_a_run_killed_while_holding_the_lock_leaves_the_partition_as_before(
-    env, tmp_path, pg_warehouse_url, postgres, standin
+    env, tmp_path, pg_warehouse_url, standin
 ):
     first = start_job_execute(PARTITION, env, tmp_path)
     _finish(first)
@@ -111,11 +111,10 @@ def test_a_run_killed_while_holding_the_lock_leaves_the_partition_as_before(
     standin.change_cbr_rates(PARTITION, set_values={"USD": "70,0000"})
 
     # Block the run's UPDATE on a row lock while it holds the partition's advisory lock.
-    database = pg_warehouse_url.rsplit("/", 1)[1]
-    blocker = psycopg.connect(postgres.dsn(database))
+    blocker = psycopg.connect(dsn_of(pg_warehouse_url))
     blocker.execute("SELECT 1 FROM cbr_daily_rates WHERE partition_date = %s FOR UPDATE",
                     (date.fromisoformat(PARTITION),))
-    observer = psycopg.connect(postgres.dsn(database), autocommit=True)
+    observer = psycopg.connect(dsn_of(pg_warehouse_url), autocommit=True)
     doomed = start_job_execute(PARTITION, env, tmp_path)
     backend = backend_waiting_on_a_lock(observer, "UPDATE%cbr_daily_rates%")
     assert backend is not None, "the run never reached its UPDATE"

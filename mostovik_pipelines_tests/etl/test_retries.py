@@ -10,7 +10,7 @@ import pytest
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines_tests.support.locations import code_location_for
-from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock
+from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock, dsn_of
 from mostovik_pipelines_tests.support.runs import (
     load_metadata,
     run_partition,
@@ -105,14 +105,14 @@ def test_a_configuration_error_is_not_retried(
 
 
 def test_a_load_whose_connection_is_killed_is_retried_to_an_exact_table(
-    cbr_job, instance, standin, warehouse_url, postgres
+    cbr_job, instance, standin, warehouse_url
 ):
     assert run_partition(cbr_job, PARTITION, instance).success
     standin.change_cbr_rates(PARTITION, set_values={"USD": "70,0000"}, remove=["EUR", "JPY"])
 
     # Hold the partition's lock so that the load stops inside its transaction, then kill it there.
     table_key, partition_key = partition_lock_keys("cbr_daily_rates", PARTITION)
-    holder = psycopg.connect(postgres.dsn(warehouse_url.rsplit("/", 1)[1]), autocommit=True)
+    holder = psycopg.connect(dsn_of(warehouse_url), autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s, %s)", (table_key, partition_key))
     outcome = {}
     runner = threading.Thread(

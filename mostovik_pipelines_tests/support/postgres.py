@@ -87,6 +87,12 @@ class ThrowawayPostgres:
                 f"dbname={database}")
 
 
+def dsn_of(url: str) -> str:
+    """The libpq connection string of a SQLAlchemy ``postgresql+psycopg://`` URL, for opening a
+    plain psycopg connection to the same database (an operator's psql, an observer)."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
 def _ensure_system_user(name: str) -> None:
     try:
         pwd.getpwnam(name)

@@ -1,10 +1,11 @@
 """Alembic environment: the URL comes from the caller (``mostovik db upgrade``), never a file."""
 
 from alembic import context
-from sqlalchemy import create_engine, inspect, update
+from sqlalchemy import create_engine, inspect
 
 import mostovik_pipelines.etl.quarantine  # registers the quarantine table
 import mostovik_pipelines.sources  # noqa: F401 - registers every source's table
+from mostovik_pipelines.etl.load_ledger import forget_digests
 from mostovik_pipelines.warehouse.schema import metadata, partition_loads
 
 database_url = context.config.attributes["database_url"]
@@ -20,6 +21,6 @@ with engine.connect() as connection:
         ).has_table(partition_loads.name):
             # A migration may have changed stored values without the loader: no partition's
             # digest describes its rows for sure any more (mostovik_pipelines.etl.load_ledger).
-            connection.execute(update(partition_loads).values(content_digest=None))
+            forget_digests(connection)
     connection.commit()
 engine.dispose()
