@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Sequence
 
 import click
@@ -112,6 +113,7 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
+    from mostovik_pipelines.etl.run_claims import hold_run_claim
     from mostovik_pipelines.etl.tracking import JobStatus, load_job
     from mostovik_pipelines.sources import ALL_SOURCES
 
@@ -135,10 +137,13 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
                f"{'unchanged':>9} {'deleted':>8}  run / note")
     failed = 0
     for partition in partitions:
-        result = source_job.execute_in_process(
-            partition_key=partition, instance=instance, raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-        )
+        run_id = str(uuid.uuid4())
+        # In-process runs have no executor of ours: this process is the run, and holds its claim.
+        with hold_run_claim(instance, run_id):
+            result = source_job.execute_in_process(
+                partition_key=partition, instance=instance, raise_on_error=False, run_id=run_id,
+                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+            )
         job = load_job(instance, result.run_id)
         failed += job.status is JobStatus.FAILED
         c = job.totals

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagster import (
+    Executor,
     ExecutorDefinition,
     executor,
     in_process_executor,
@@ -42,11 +43,11 @@ DEFAULT_WORKER_LOST_SECONDS = 60.0
 def executor_from_environment() -> ExecutorDefinition:
     choice = os.environ.get(EXECUTOR_ENV, "in_process")
     if choice == "in_process":
-        return in_process_executor
+        return holding_run_claim(in_process_executor)
     if choice == "multiprocess":
-        return multiprocess_executor
+        return holding_run_claim(multiprocess_executor)
     if choice == "celery":
-        return _watched_celery_executor().configured(
+        return holding_run_claim(_watched_celery_executor()).configured(
             {
                 "broker": {"env": BROKER_URL_ENV},
                 "backend": {"env": BACKEND_URL_ENV},
@@ -55,6 +56,40 @@ def executor_from_environment() -> ExecutorDefinition:
             name="celery",
         )
     raise ValueError(f"{EXECUTOR_ENV}={choice!r}: expected one of {', '.join(EXECUTORS)}")
+
+
+def holding_run_claim(definition: ExecutorDefinition) -> ExecutorDefinition:
+    """The same executor, whose orchestrating process holds the run's claim from its first step
+    to its last (:mod:`mostovik_pipelines.etl.run_claims`): a run is alive exactly as long as the
+    process driving it, whatever executes its steps and wherever."""
+    create = definition.executor_creation_fn
+    assert create is not None
+    return ExecutorDefinition(
+        name=definition.name,
+        config_schema=definition.config_schema,
+        requirements=definition.get_requirements,
+        executor_creation_fn=lambda init_context: _ClaimHoldingExecutor(create(init_context)),
+        description=definition.description,
+    )
+
+
+class _ClaimHoldingExecutor(Executor):
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+
+    @property
+    def retries(self):
+        return self.inner.retries
+
+    @property
+    def step_dependency_config(self):
+        return self.inner.step_dependency_config
+
+    def execute(self, plan_context, execution_plan):
+        from mostovik_pipelines.etl.run_claims import hold_run_claim
+
+        with hold_run_claim(plan_context.instance, plan_context.run_id):
+            yield from self.inner.execute(plan_context, execution_plan)
 
 
 def celery_settings() -> dict[str, Any]:

@@ -1,40 +1,43 @@
-"""The run-status check (layer 2 of :mod:`.locking`): before extract, a run looks in run storage
-for an older run of the same source and partition still in progress, and waits for it or stops."""
+"""The run-status check (layer 2 of :mod:`.locking`): before its work, a run looks in run storage
+for an older run of the same source and partition that is still alive, and waits for it or
+stops.
+
+Alive means: in progress in run storage and holding its claim (:mod:`.run_claims`), or launched
+so recently that it may not have taken its claim yet (:data:`LAUNCH_GRACE_SECONDS`). A run whose
+process died, on this host or any other, frees its partitions within that grace.
+"""
 
 from __future__ import annotations
 
 import enum
-import os
-import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from dagster import (
     AssetKey,
+    DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     PartitionKeyRange,
     PartitionsDefinition,
+    RunRecord,
     RunsFilter,
 )
 
-from mostovik_pipelines.etl.errors import ConcurrentRunError
-from mostovik_pipelines.etl.tags import (
-    HOST_TAG,
-    PARTITION_TAG,
-    PID_TAG,
-    RANGE_END_TAG,
-    RANGE_START_TAG,
-)
+from mostovik_pipelines.etl.run_claims import run_claim_held
+from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 
 IN_FLIGHT = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 NOT_STARTED_GRACE_SECONDS = 120
 """A run created but not started yet counts as in progress for this long: two runs launched at
 the same instant see each other even before either has started."""
-POLL_SECONDS = 1.0
+LAUNCH_GRACE_SECONDS = 10.0
+"""A run that has not started a step and holds no claim counts as alive this long after it was
+created or last changed status: between its launch and the start of its executor (process
+start-up, loading the code). A run that started a step took its claim before: without it, it
+is dead at once."""
 
 
 class ConcurrentRunPolicy(enum.StrEnum):
@@ -61,9 +64,9 @@ class RunClaim:
 def older_runs_in_flight(
     instance: DagsterInstance, claim: RunClaim, partitions_def: PartitionsDefinition
 ) -> list[DagsterRun]:
-    """Runs of the same source sharing a partition with ``claim`` that are in progress and
-    older than it. Runs are ordered by (creation time, run id), so of two runs that start at the
-    same instant exactly one is older: one goes first, never both or neither."""
+    """Live runs of the same source sharing a partition with ``claim`` and older than it. Runs
+    are ordered by (creation time, run id), so of two runs that start at the same instant
+    exactly one is older: one goes first, never both or neither."""
     records = [
         *instance.get_run_records(RunsFilter(statuses=IN_FLIGHT)),
         *instance.get_run_records(RunsFilter(
@@ -83,36 +86,23 @@ def older_runs_in_flight(
         targets_source = run.job_name == claim.job_name or (
             run.asset_selection is not None and claim.asset_key in run.asset_selection
         )
-        if targets_source and claim.partition_keys & _run_partitions(run, partitions_def):
-            if _process_is_gone(run):
-                continue
+        if (targets_source and claim.partition_keys & _run_partitions(run, partitions_def)
+                and _alive(instance, record)):
             older.append(run)
     return older
 
 
-def wait_for_older_runs(
-    instance: DagsterInstance, claim: RunClaim, partitions_def: PartitionsDefinition,
-    policy: ConcurrentRunPolicy, timeout_seconds: float, log: Callable[[str], None],
-) -> list[DagsterRun]:
-    """Apply ``policy``: return the older runs still in progress when this run should stop
-    (STOP), or ``[]`` once none is left (WAIT). Raises :class:`ConcurrentRunError` when waiting
-    takes longer than ``timeout_seconds``."""
-    deadline = time.monotonic() + timeout_seconds
-    announced: set[str] = set()
-    while True:
-        older = older_runs_in_flight(instance, claim, partitions_def)
-        if not older or policy is ConcurrentRunPolicy.STOP:
-            return older
-        fresh = [run.run_id for run in older if run.run_id not in announced]
-        if fresh:
-            log(f"waiting for run(s) {', '.join(fresh)} of the same partition(s) to finish")
-            announced.update(fresh)
-        if time.monotonic() > deadline:
-            raise ConcurrentRunError(
-                f"run(s) {', '.join(r.run_id for r in older)} of the same partition(s) still in "
-                f"progress after {timeout_seconds:.0f}s"
-            )
-        time.sleep(POLL_SECONDS)
+def _alive(instance: DagsterInstance, record: RunRecord) -> bool:
+    """Holding its claim; or, before its first step (no claim taken yet), launched recently."""
+    run_id = record.dagster_run.run_id
+    if run_claim_held(instance, run_id):
+        return True
+    if instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_START,
+                                    limit=1).records:
+        return False
+    changed = max(record.create_timestamp.timestamp(), record.update_timestamp.timestamp(),
+                  record.start_time or 0.0)
+    return time.time() - changed < LAUNCH_GRACE_SECONDS
 
 
 def _run_partitions(run: DagsterRun, partitions_def: PartitionsDefinition) -> set[str]:
@@ -123,16 +113,3 @@ def _run_partitions(run: DagsterRun, partitions_def: PartitionsDefinition) -> se
     if start and end:
         return set(partitions_def.get_partition_keys_in_range(PartitionKeyRange(start, end)))
     return set()
-
-
-def _process_is_gone(run: DagsterRun) -> bool:
-    """True when the run's last step process ran on this host and no longer exists."""
-    if run.tags.get(HOST_TAG) != socket.gethostname() or PID_TAG not in run.tags:
-        return False
-    try:
-        os.kill(int(run.tags[PID_TAG]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False

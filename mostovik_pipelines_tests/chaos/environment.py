@@ -36,6 +36,7 @@ from dagster import (
     RunsFilter,
 )
 
+from mostovik_pipelines.etl.run_claims import hold_run_claim
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
@@ -272,10 +273,11 @@ def _warm_child(job, home: str | None, partition: str, run_id: str, attempt: str
         os.dup2(log, 1)
         os.dup2(log, 2)
         instance = DagsterInstance.from_config(home) if home else DagsterInstance.ephemeral()
-        result = job.execute_in_process(
-            partition_key=partition, instance=instance, run_id=run_id, raise_on_error=False,
-            tags={ATTEMPT_TAG: attempt}, run_config=QUIET,
-        )
+        with hold_run_claim(instance, run_id):
+            result = job.execute_in_process(
+                partition_key=partition, instance=instance, run_id=run_id, raise_on_error=False,
+                tags={ATTEMPT_TAG: attempt}, run_config=QUIET,
+            )
         success = result.success
     finally:
         with contextlib.suppress(Exception):
