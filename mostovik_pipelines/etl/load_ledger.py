@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pyarrow as pa
 from sqlalchemy import Connection, select, update
@@ -107,25 +107,50 @@ def begin_postgresql_load(connection: Connection, table_name: str, run_id: str, 
                           utf8=encoding in ("UTF8", "SQL_ASCII"))
 
 
-def recorded_digest(connection: Connection, table_name: str, partition_key: str) -> str | None:
-    return connection.execute(select(partition_loads.c.content_digest).where(
+@dataclass(frozen=True)
+class LastLoad:
+    """What the ledger says about a partition's last load."""
+
+    content_digest: str | None
+    loaded_by_run: str
+    fetched_at: datetime | None
+    """In UTC; None for loads recorded before fetch times were (or with none given)."""
+
+
+def last_load(connection: Connection, table_name: str, partition_key: str) -> LastLoad | None:
+    row = connection.execute(select(
+        partition_loads.c.content_digest, partition_loads.c.loaded_by_run,
+        partition_loads.c.fetched_at,
+    ).where(
         partition_loads.c.table_name == table_name,
         partition_loads.c.partition_key == partition_key,
-    )).scalar_one_or_none()
+    )).one_or_none()
+    if row is None:
+        return None
+    return LastLoad(row.content_digest, row.loaded_by_run, _utc(row.fetched_at))
 
 
 def record_load(connection: Connection, table_name: str, partition_key: str, row_count: int,
-                digest: str | None, run_id: str, loaded_at: datetime) -> None:
+                digest: str | None, run_id: str, loaded_at: datetime,
+                fetched_at: datetime | None = None) -> None:
     """Record the partition's load, in the load's transaction."""
     dialect_insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
     values = {"row_count": row_count, "content_digest": digest, "loaded_by_run": run_id,
-              "loaded_at": loaded_at}
+              "loaded_at": loaded_at,
+              "fetched_at": fetched_at.astimezone(UTC) if fetched_at else None}
     statement = dialect_insert(partition_loads).values(
         table_name=table_name, partition_key=partition_key, **values)
     connection.execute(statement.on_conflict_do_update(
         index_elements=[partition_loads.c.table_name, partition_loads.c.partition_key],
         set_=values,
     ))
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """SQLite hands timestamps back without their zone; the ledger writes them in UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
 
 
 def forget_digests(connection: Connection, table_name: str | None = None) -> int:

@@ -74,11 +74,12 @@ from sqlalchemy.sql.expression import bindparam
 
 from mostovik_pipelines.etl import loading_sql
 from mostovik_pipelines.etl.load_ledger import (
+    LastLoad,
     PostgresqlLoad,
     begin_postgresql_load,
     forget_digests,
+    last_load,
     record_load,
-    recorded_digest,
     rows_digest,
 )
 from mostovik_pipelines.etl.locking import lock_partition
@@ -140,45 +141,88 @@ class LoadCounts:
         return asdict(self)
 
 
+class PartitionSuperseded(Exception):
+    """The partition already holds data fetched later than the payload being loaded (a replayed
+    output of an old run, a duplicate that fetched earlier but reached the load later): the load
+    is refused, so a partition never goes back in time."""
+
+
+@dataclass(frozen=True)
+class KeptRows:
+    """Stored rows a replace-partition load must not delete although the frame lacks them: the
+    rows whose incoming version was rejected (quarantined). A rejected row is not an absent
+    row, so what is stored under its key stays until a readable version arrives."""
+
+    keys: pd.DataFrame
+    """Natural keys of rejected rows, typed as the table stores them."""
+    all_vanished: bool = False
+    """A rejected row's key could not be read: no stored row is deleted by absence at all."""
+
+    @property
+    def any(self) -> bool:
+        return self.all_vanished or not self.keys.empty
+
+
 def load_partition(
     engine: Engine, target: LoadTarget, frame: pd.DataFrame, partition_key: str, run_id: str,
-    within_transaction: Callable[[Connection], None] | None = None,
+    within_transaction: Callable[[Connection], None] | None = None, *,
+    fetched_at: datetime | None = None, kept: KeptRows | None = None,
 ) -> LoadCounts:
-    """Make ``target`` hold exactly ``frame`` for the partition, in one transaction;
-    ``within_transaction`` writes what must commit with it (the partition's quarantine)."""
+    """Make ``target`` hold exactly ``frame`` for the partition, in one transaction, keeping the
+    ``kept`` rows; ``within_transaction`` writes what must commit with it (the partition's
+    quarantine). ``fetched_at`` is when the frame's payload was fetched: if the partition already
+    holds a later fetch, :class:`PartitionSuperseded` is raised and nothing is written."""
     frame = frame[target.columns]
     table_name = target.table.name
+    kept = kept if kept is not None and kept.any else None
     with engine.begin() as connection:
         lock_partition(connection, table_name, partition_key)
+        previous = last_load(connection, table_name, partition_key)
+        _refuse_older_payload(previous, fetched_at, target, partition_key)
         if connection.dialect.name == "postgresql":
             session = begin_postgresql_load(
                 connection, table_name, run_id,
                 exclusive=target.partition_column not in target.natural_key)
             rows = _arrow_rows(frame)
-            digest = rows_digest(rows, target.mode) if session.digests_guarded else None
-            if digest is not None and digest == recorded_digest(connection, table_name,
-                                                                partition_key):
+            # A load that keeps rejected rows' stored versions leaves more than its rows: no
+            # digest describes that, so none is recorded or trusted.
+            digest = (rows_digest(rows, target.mode)
+                      if session.digests_guarded and kept is None else None)
+            if digest is not None and previous is not None and digest == previous.content_digest:
                 counts = LoadCounts(inserted=0, updated=0, unchanged=rows.num_rows, deleted=0)
             else:
                 counts = _load_postgresql(connection, target, rows, partition_key, session,
-                                          {"run_id": run_id, "now": session.now})
-                record_load(connection, table_name, partition_key, rows.num_rows, digest,
-                            run_id, session.now)
+                                          {"run_id": run_id, "now": session.now}, kept)
+            record_load(connection, table_name, partition_key, rows.num_rows, digest,
+                        run_id, session.now, fetched_at)
         else:
             now = datetime.now(UTC)
             stage = _create_stage(connection, target.table, target.columns)
             _insert_into_stage(connection, stage, frame)
             counts = _merge_stage(connection, target, stage, len(frame), partition_key,
-                                  {"run_id": run_id, "now": now})
-            record_load(connection, table_name, partition_key, len(frame), None, run_id, now)
+                                  {"run_id": run_id, "now": now}, kept=kept)
+            record_load(connection, table_name, partition_key, len(frame), None, run_id, now,
+                        fetched_at)
         if within_transaction is not None:
             within_transaction(connection)
     return counts
 
 
+def _refuse_older_payload(previous: LastLoad | None, fetched_at: datetime | None,
+                          target: LoadTarget, partition_key: str) -> None:
+    if previous is None or previous.fetched_at is None or fetched_at is None:
+        return
+    if fetched_at < previous.fetched_at:
+        raise PartitionSuperseded(
+            f"{target.table.name} [{partition_key}] holds data fetched at "
+            f"{previous.fetched_at.isoformat()} (run {previous.loaded_by_run}), later than this "
+            f"payload, fetched at {fetched_at.isoformat()}: not loaded"
+        )
+
+
 def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
                      partition_key: str, session: PostgresqlLoad,
-                     bookkeeping: dict[str, Any]) -> LoadCounts:
+                     bookkeeping: dict[str, Any], kept: KeptRows | None) -> LoadCounts:
     partition_value = target.partition_value(partition_key)
     if not (session.utf8 and _comparable_key(target, rows)):
         # Keys Arrow cannot match as the database does: stage everything, the SQL decides.
@@ -191,6 +235,7 @@ def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
             return LoadCounts(inserted=rows.num_rows, updated=0, unchanged=0, deleted=0)
         stored = itertools.chain([first] if first is not None else [], stored)
         maybe_changed, vanished = _compare_in_key_order(target, rows, order, stored)
+        vanished = _without_kept(target, vanished, kept)
         pending = np.flatnonzero(maybe_changed)
     counts = LoadCounts(inserted=0, updated=0, unchanged=0, deleted=0)
     if vanished is None or len(pending):
@@ -199,7 +244,7 @@ def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
         connection.exec_driver_sql(f"ANALYZE {_quote(connection, stage.name)}")
         staged = rows.num_rows if pending is None else len(pending)
         counts = _merge_stage(connection, target, stage, staged, partition_key,
-                              bookkeeping, delete_vanished=vanished is None)
+                              bookkeeping, delete_vanished=vanished is None, kept=kept)
     deleted = counts.deleted
     if vanished is not None and vanished.num_rows:
         deleted = _delete_listed(connection, target, vanished, partition_value)
@@ -209,7 +254,7 @@ def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
 
 def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, staged: int,
                  partition_key: str, bookkeeping: dict[str, Any], *,
-                 delete_vanished: bool = True) -> LoadCounts:
+                 delete_vanished: bool = True, kept: KeptRows | None = None) -> LoadCounts:
     """Steps 3-5 against a filled stage; the stage is dropped afterwards."""
     columns = target.columns
     dialect = connection.dialect
@@ -228,16 +273,47 @@ def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, stage
         dialect, target.table, stage, target.natural_key, columns
     ), bookkeeping)
     deleted = 0
-    if delete_vanished and target.mode is LoadMode.REPLACE_PARTITION:
+    if (delete_vanished and target.mode is LoadMode.REPLACE_PARTITION
+            and not (kept and kept.all_vanished)):
         partition_column = target.table.c[target.partition_column]
+        kept_keys = _stage_kept_keys(connection, target, kept)
         deleted = _execute(connection, loading_sql.delete_vanished_rows(
-            dialect, target.table, stage, target.natural_key, target.partition_column
+            dialect, target.table, stage, target.natural_key, target.partition_column,
+            kept=kept_keys,
         ), {"partition_value": target.partition_value(partition_key)},
             partition_type=partition_column.type)
+        if kept_keys is not None:
+            connection.exec_driver_sql(f"DROP TABLE {_quote(connection, kept_keys.name)}")
     connection.exec_driver_sql(f"DROP TABLE {_quote(connection, stage.name)}")
     return LoadCounts(
         inserted=inserted, updated=updated, unchanged=staged - inserted - updated, deleted=deleted
     )
+
+
+def _stage_kept_keys(connection: Connection, target: LoadTarget,
+                     kept: KeptRows | None) -> Table | None:
+    """A temporary table of the natural keys whose stored rows stay (rejected rows' keys)."""
+    if kept is None or kept.keys.empty:
+        return None
+    keys = _create_stage(connection, target.table, target.natural_key, prefix="kept")
+    frame = kept.keys[list(target.natural_key)]
+    if connection.dialect.name == "postgresql":
+        _copy(connection, keys, _arrow_rows(frame))
+    else:
+        _insert_into_stage(connection, keys, frame)
+    return keys
+
+
+def _without_kept(target: LoadTarget, vanished: pa.Table, kept: KeptRows | None) -> pa.Table:
+    """The vanished keys less those of rejected rows (none at all if a key was unreadable)."""
+    if kept is None or not vanished.num_rows:
+        return vanished
+    if kept.all_vanished:
+        return vanished.slice(0, 0)
+    kept_keys = _arrow_rows(kept.keys[list(target.natural_key)])
+    kept_text = _key_text(kept_keys, target.natural_key)
+    return vanished.filter(pc.invert(pc.is_in(_key_text(vanished, target.natural_key),
+                                              value_set=kept_text)))
 
 
 def _create_stage(connection: Connection, table: Table, columns: Sequence[str],

@@ -79,14 +79,20 @@ def rows_moving_in_from_other_partitions(
 
 def delete_vanished_rows(
     dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
-    partition_column: str,
+    partition_column: str, kept: Table | None = None,
 ) -> str:
-    """Delete the partition's rows that the source no longer sends (replace-partition only)."""
+    """Delete the partition's rows that the source no longer sends (replace-partition only),
+    except those whose keys ``kept`` lists: the source sent them, unreadable (quarantined)."""
     t, s = _q(dialect, table.name), _q(dialect, stage.name)
-    return (
+    statement = (
         f"DELETE FROM {t} WHERE {t}.{_q(dialect, partition_column)} = :partition_value "
         f"AND NOT EXISTS (SELECT 1 FROM {s} WHERE {_key_match(dialect, t, s, natural_key)})"
     )
+    if kept is not None:
+        k = _q(dialect, kept.name)
+        statement += (f" AND NOT EXISTS (SELECT 1 FROM {k} "
+                      f"WHERE {_key_match(dialect, t, k, natural_key)})")
+    return statement
 
 
 def delete_listed_rows(

@@ -7,7 +7,7 @@ Dagster definitions. Sources never import Dagster's op or asset machinery.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -74,6 +74,10 @@ class RejectedRow:
     """1-based position in the payload (for XML: the element's position)."""
     raw: str
     reason: str
+    key: Mapping[str, Any] | None = None
+    """The row's natural key (column -> value, typed as the table stores it) when it could be
+    read: what is stored under that key is kept as it is, never deleted or changed because of a
+    rejected row. ``None`` when the key itself is unreadable."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,9 @@ class SourceSpec:
     a run's start-up cost for each one."""
     on_concurrent_run: ConcurrentRunPolicy = ConcurrentRunPolicy.WAIT
     """What a run does when an older run of the same partition is in progress (see locking)."""
-    concurrent_run_wait_seconds: float = 15 * 60
+    concurrent_run_wait_seconds: float = 5 * 60
+    """The longest a run waits for an older run of its partitions (policy ``wait``), counted
+    from its start; below ``max_runtime_seconds``, so the waiting run is not failed as hung."""
     celery_queue: str | None = None
     """The Celery queue its steps go to (e.g. workers that see the file inbox); default queue
     when unset. Only used with MOSTOVIK_EXECUTOR=celery."""
@@ -145,5 +151,10 @@ class SourceSpec:
             raise ValueError(f"source {self.name}: columns {missing} are not in {self.table.name}")
         if self.load_mode is LoadMode.MERGE_BY_VERSION and self.version_column not in columns:
             raise ValueError(f"source {self.name}: merge-by-version needs a version column")
+        if self.concurrent_run_wait_seconds >= self.max_runtime_seconds:
+            raise ValueError(
+                f"source {self.name}: concurrent_run_wait_seconds "
+                f"({self.concurrent_run_wait_seconds:.0f}) must stay below max_runtime_seconds "
+                f"({self.max_runtime_seconds}), or a run waiting its turn is failed as hung")
         if not 0.0 <= self.max_rejected_share < 1.0:
             raise ValueError(f"source {self.name}: max_rejected_share must be in [0, 1)")

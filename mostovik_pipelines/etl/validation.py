@@ -76,7 +76,8 @@ def validate_partition(
           "shares its natural key with a different row")
 
     rejected += [
-        RejectedRow(row_number=index + 1, raw=_row_text(frame.loc[index]), reason=reason)
+        RejectedRow(row_number=index + 1, raw=_row_text(frame.loc[index]), reason=reason,
+                    key=_key_of(frame.loc[index], target.natural_key))
         for index, reason in sorted(reasons.items())
     ]
     valid = frame[~bad & ~exact_duplicates].reset_index(drop=True)
@@ -118,6 +119,12 @@ def _refuse_systematic_defects(
             f"systematic defect: {len(rejected)} of {total} rows rejected "
             f"({share:.0%} > {max_rejected_share:.0%} allowed), nothing loaded; {shown}"
         )
+
+
+def _key_of(row: pd.Series, natural_key: Sequence[str]) -> dict | None:
+    """The row's natural key, if every part of it is there."""
+    key = {name: row[name] for name in natural_key}
+    return None if any(pd.isna(value) for value in key.values()) else key
 
 
 def _row_text(row: pd.Series) -> str:

@@ -100,11 +100,20 @@ def parse_daily_rates(request: TransformRequest) -> ParsedRows:
             rows.append(_parse_valute(valute, position))
         except (SourceContractError, DataValidationError) as defect:
             rejected.append(RejectedRow(position, ET.tostring(valute, encoding="unicode"),
-                                        str(defect)))
+                                        str(defect), key=_readable_key(valute, asked)))
     frame = pd.DataFrame(rows, columns=VALUTE_COLUMNS)
     frame.insert(0, "rate_date", rate_date)
     frame.insert(0, "partition_date", asked)
     return ParsedRows(frame, rejected)
+
+
+def _readable_key(valute: ET.Element, asked: date) -> dict | None:
+    """The natural key of a rejected ``<Valute>`` when its currency code can still be read: the
+    rate stored under it stays until a readable one arrives."""
+    char_code = (valute.findtext("CharCode") or "").strip()
+    if not CHAR_CODE.match(char_code):
+        return None
+    return {"partition_date": asked, "char_code": char_code}
 
 
 def _parse_xml(content: bytes) -> ET.Element:

@@ -59,6 +59,9 @@ partition_loads = Table(
            comment="sha256 of those rows as loaded; NULL: unknown, compare the stored rows"),
     Column("loaded_by_run", String(64), nullable=False, comment="run of the last load"),
     Column("loaded_at", DateTime(timezone=True), nullable=False),
+    Column("fetched_at", DateTime(timezone=True), nullable=True,
+           comment="when the payload of the last load was fetched from the source; a load of "
+                   "an older payload is refused as superseded"),
     comment="The last load of every partition of every target table.",
 )
 

@@ -441,3 +441,56 @@ def test_a_row_longer_than_a_read_back_batch_is_compared(pg_warehouse_url):
     load_partition(engine, target, frame, DAY.isoformat(), "run-1")
     again = load_comparing_rows(pg_warehouse_url, target, frame, "run-2")
     assert again.as_dict() == {"inserted": 0, "updated": 0, "unchanged": 2, "deleted": 0}
+
+
+# --- a partition never goes back in time; a rejected row is not an absent row -----------------
+
+
+def _stored_values(url: str) -> dict[str, Decimal]:
+    return {r["char_code"]: Decimal(str(r["value"])) for r in table_rows(url, "cbr_daily_rates")}
+
+
+def test_a_load_of_a_payload_older_than_the_stored_one_is_refused(warehouse_url):
+    engine, target, key = warehouse_engine(warehouse_url), SOURCE.load_target, DAY.isoformat()
+    newer = datetime(2026, 11, 5, 13, 0, tzinfo=UTC)
+    load_partition(engine, target, rates(USD="95.0000"), key, "newer", fetched_at=newer)
+    with pytest.raises(loading.PartitionSuperseded, match="run newer"):
+        load_partition(engine, target, rates(USD="90.0000"), key, "older",
+                       fetched_at=datetime(2026, 11, 5, 12, 0, tzinfo=UTC))
+    assert _stored_values(warehouse_url)["USD"] == Decimal("95.0000")
+    # The same fetch again (a retry), and a later one, load as usual.
+    load_partition(engine, target, rates(USD="95.0000"), key, "retry", fetched_at=newer)
+    counts = load_partition(engine, target, rates(USD="96.0000"), key, "latest",
+                            fetched_at=datetime(2026, 11, 5, 14, 0, tzinfo=UTC))
+    assert counts.updated == 1
+    assert _stored_values(warehouse_url)["USD"] == Decimal("96.0000")
+
+
+def test_a_rejected_rows_key_keeps_its_stored_row_and_absent_rows_still_go(warehouse_url):
+    engine, target, key = warehouse_engine(warehouse_url), SOURCE.load_target, DAY.isoformat()
+    load_partition(engine, target, rates(GBP="110.0000"), key, "run-1")
+    # USD arrives unreadable (rejected), GBP no longer arrives at all, EUR changed.
+    kept = loading.KeptRows(pd.DataFrame([{"partition_date": DAY, "char_code": "USD"}]))
+    counts = load_partition(engine, target, rates(USD=None, EUR="101.0000"), key, "run-2",
+                            kept=kept)
+    assert (counts.updated, counts.deleted) == (1, 1)
+    assert _stored_values(warehouse_url) == {
+        "USD": Decimal("92.5000"), "EUR": Decimal("101.0000"), "JPY": Decimal("61.2000")}
+    # Re-running the same delivery keeps it that way; once USD is readable again it is loaded.
+    load_partition(engine, target, rates(USD=None, EUR="101.0000"), key, "run-3", kept=kept)
+    assert _stored_values(warehouse_url)["USD"] == Decimal("92.5000")
+    load_partition(engine, target, rates(USD="93.0000", EUR="101.0000"), key, "run-4")
+    assert _stored_values(warehouse_url)["USD"] == Decimal("93.0000")
+    # Then USD really vanishes: deleted.
+    load_partition(engine, target, rates(USD=None, EUR="101.0000"), key, "run-5")
+    assert "USD" not in _stored_values(warehouse_url)
+
+
+def test_a_rejected_row_with_an_unreadable_key_holds_back_every_deletion(warehouse_url):
+    engine, target, key = warehouse_engine(warehouse_url), SOURCE.load_target, DAY.isoformat()
+    load_partition(engine, target, rates(), key, "run-1")
+    kept = loading.KeptRows(pd.DataFrame(columns=["partition_date", "char_code"]),
+                            all_vanished=True)
+    counts = load_partition(engine, target, rates(USD=None, EUR=None), key, "run-2", kept=kept)
+    assert counts.deleted == 0
+    assert set(_stored_values(warehouse_url)) == {"USD", "EUR", "JPY"}
