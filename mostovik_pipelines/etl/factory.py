@@ -10,13 +10,27 @@
 A run takes one partition, or a range of them when the source's backfill policy allows it; each
 op then works partition by partition. In a ranged run a partition that fails permanently is set
 aside and the others go on; the run fails at the end, naming the failed partitions, with the
-good ones loaded. A retried step resumes: what its run already landed or loaded is not redone.
+good ones loaded. A retried step resumes: what its run already landed or loaded is not redone,
+and each partition has a retry budget of its own (:mod:`.retries`).
+
+Recovery never goes back in time:
+
+* a step only acts on what its own run produced. A re-execution (the UI's "from failure" or
+  "from selected", ``mostovik jobs rerun RUN_ID``, a daemon run retry) starts with outputs its
+  parent stored; they are history, so the first step of the re-execution fetches every
+  partition again, except those the original run (or any run it repeats) already loaded;
+* every load records when its payload was fetched, and a load of a payload older than what the
+  partition holds is refused as superseded (:class:`.loading.PartitionSuperseded`);
+* a rejected (quarantined) row keeps what is stored under its key (:class:`.loading.KeptRows`).
 
 A source that has not published a partition yet makes it "not available yet": nothing is
 loaded, the partition stays unmaterialised, and a later run picks it up.
 """
 
-from dataclasses import dataclass
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 
@@ -43,17 +57,22 @@ from dagster import (
     schedule,
 )
 
-from mostovik_pipelines.etl.errors import PermanentError
-from mostovik_pipelines.etl.loading import load_partition
+from mostovik_pipelines.etl.errors import ConcurrentRunError, PermanentError, classify
+from mostovik_pipelines.etl.loading import KeptRows, PartitionSuperseded, load_partition
 from mostovik_pipelines.etl.quarantine import replace_quarantine
 from mostovik_pipelines.etl.retries import (
     NO_RETRY,
     RetryPolicy,
     StepContext,
+    failure_for,
     retry_or_fail,
-    run_with_retries,
 )
-from mostovik_pipelines.etl.runs_in_flight import RunClaim, wait_for_older_runs
+from mostovik_pipelines.etl.run_claims import hold_run_claim
+from mostovik_pipelines.etl.runs_in_flight import (
+    ConcurrentRunPolicy,
+    RunClaim,
+    older_runs_in_flight,
+)
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
     PartitionNotAvailable,
@@ -61,14 +80,17 @@ from mostovik_pipelines.etl.spec import (
     SourceSpec,
     TransformRequest,
 )
-from mostovik_pipelines.etl.tags import business_tags
-from mostovik_pipelines.etl.tracking import record_step
+from mostovik_pipelines.etl.tags import STATUS_TAG, business_tags
+from mostovik_pipelines.etl.tracking import JobStatus, completed_or_partial, record_step
 from mostovik_pipelines.etl.validation import validate_partition
 from mostovik_pipelines.resources.landing import LandedPayload
 
 WAREHOUSE_KEY = "warehouse"
 LANDING_KEY = "landing"
 SHOWN_FAILURES = 5
+CONCURRENT_RUN_POLL_SECONDS = 3.0
+"""How often a run waiting for an older run of its partitions looks again. It waits between
+attempts of its step, holding no worker (a Celery worker is free for the run it waits for)."""
 
 
 def source_resource_key(spec: SourceSpec) -> str:
@@ -94,7 +116,8 @@ class TransformedPartition:
 
 @dataclass(frozen=True)
 class PartitionSkipped:
-    """A partition with nothing to load yet (the source has not published it)."""
+    """A partition with nothing to load (not published yet, stopped for a concurrent run,
+    superseded by a newer load)."""
 
     partition_key: str
     reason: str
@@ -107,6 +130,23 @@ class PartitionFailure:
     partition_key: str
     step: str
     message: str
+
+
+@dataclass(frozen=True)
+class PartitionLoaded:
+    """A partition a re-execution finds already loaded by the run it repeats: nothing to do."""
+
+    partition_key: str
+    run_id: str
+
+
+@dataclass(frozen=True)
+class StepOutcomes:
+    """What a step hands to the next, per partition, and the run that produced it: a step of
+    another run (a re-execution's inherited input) is history, never acted upon."""
+
+    run_id: str
+    partitions: dict = field(default_factory=dict)
 
 
 def build_source_definitions(spec: SourceSpec) -> Definitions:
@@ -147,7 +187,56 @@ def _op_tags(spec: SourceSpec) -> dict[str, str]:
     return {"dagster-celery/queue": spec.celery_queue} if spec.celery_queue else {}
 
 
-def _set_aside(
+# --- what every step does around its work ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _step(context: OpExecutionContext, spec: SourceSpec) -> Iterator[None]:
+    """Hold the run's claim while the step works (the run is alive: :mod:`.run_claims`), tag
+    the run as a business job, and mark the job failed when the step fails for good."""
+    with hold_run_claim(context.instance, context.run_id):
+        record_step(context, spec)
+        try:
+            yield
+        except RetryRequested:
+            raise
+        except BaseException:
+            context.instance.add_run_tags(context.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+            raise
+
+
+def _older_run_stops_this_one(context: OpExecutionContext, spec: SourceSpec) -> str | None:
+    """Apply the source's concurrent-run policy at the run's first step: the reason this run
+    stops (policy ``stop``), or None to go on. With ``wait`` the step retries later, holding
+    nothing, until the older runs are over, for at most ``concurrent_run_wait_seconds`` from the
+    run's start."""
+    keys = context.partition_keys
+    claim = RunClaim(context.run_id, f"{spec.name}_job", AssetKey(spec.name), frozenset(keys))
+    older = [run.run_id for run in older_runs_in_flight(context.instance, claim,
+                                                         spec.partitions_def)]
+    if not older:
+        return None
+    if spec.on_concurrent_run is ConcurrentRunPolicy.STOP:
+        reason = (f"stopped: run(s) {', '.join(older)} of the same partition(s) in progress; "
+                  "nothing loaded by this run")
+        context.log.warning(f"{spec.name}: {reason}")
+        return reason
+    record = context.instance.get_run_record_by_id(context.run_id)
+    started = (record.start_time if record and record.start_time
+               else record.create_timestamp.timestamp() if record else time.time())
+    waited = time.time() - started
+    scope = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
+    if waited > spec.concurrent_run_wait_seconds:
+        raise failure_for(StepContext(spec.name, scope, "wait"), classify(ConcurrentRunError(
+            f"run(s) {', '.join(older)} of the same partition(s) still in progress after "
+            f"{waited:.0f}s")), context.retry_number + 1, NO_RETRY)
+    context.log.info(f"{spec.name} [{scope}]: waiting for run(s) {', '.join(older)} of the same "
+                     f"partition(s) to finish ({waited:.0f}s so far)")
+    raise RetryRequested(max_retries=context.retry_number + 1,
+                         seconds_to_wait=CONCURRENT_RUN_POLL_SECONDS)
+
+
+def _fail_or_set_aside(
     context: OpExecutionContext, step: StepContext, policy: RetryPolicy, exc: Exception,
     ranged: bool,
 ) -> PartitionFailure:
@@ -160,111 +249,142 @@ def _set_aside(
     return PartitionFailure(step.partition_key, step.step, decision.description or str(exc))
 
 
-def _extract_op(spec: SourceSpec):
-    resource_key = source_resource_key(spec)
+# --- one partition, one stage at a time ----------------------------------------------------------
 
+
+def _extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
+                       reuse_landed: bool) -> LandedPayload | PartitionFailure:
+    landing = getattr(context.resources, LANDING_KEY)
+    ranged = len(context.partition_keys) > 1
+    latest = landing.latest(spec.name, key)
+    if reuse_landed or (latest is not None and latest.run_id == context.run_id):
+        if latest is not None:
+            return latest
+        return _fail_or_set_aside(context, StepContext(spec.name, key, "extract"), NO_RETRY,
+                                  PermanentError("nothing landed yet to re-transform"), ranged)
+    try:
+        raw = spec.extract(ExtractRequest(
+            source=spec.name, partition_key=key,
+            resource=getattr(context.resources, source_resource_key(spec)),
+        ))
+        return landing.land(
+            spec.name, key, raw.content, content_type=raw.content_type,
+            origin=raw.origin, fetched_at=datetime.now(UTC), run_id=context.run_id,
+        )
+    except Exception as exc:
+        return _fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
+                                  spec.extract_retry, exc, ranged)
+
+
+def _transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
+                         landed: LandedPayload
+                         ) -> TransformedPartition | PartitionSkipped | PartitionFailure:
+    landing = getattr(context.resources, LANDING_KEY)
+    try:
+        parsed = spec.transform(TransformRequest(
+            source=spec.name, partition_key=key, content=landing.read(landed),
+            content_type=landed.content_type, fetched_at=landed.fetched_at,
+        ))
+        validated = validate_partition(parsed, spec.load_target, key, spec.max_rejected_share)
+    except PartitionNotAvailable as not_yet:
+        context.log.info(f"{spec.name} [{key}] not available yet: {not_yet}; "
+                         "nothing loaded, a later run will pick it up")
+        return PartitionSkipped(key, f"not available yet: {not_yet}")
+    except Exception as exc:
+        return _fail_or_set_aside(context, StepContext(spec.name, key, "transform"), NO_RETRY,
+                                  exc, len(context.partition_keys) > 1)
+    if validated.rejected:
+        context.log.warning(
+            f"{spec.name} [{key}]: {len(validated.rejected)} rows rejected to quarantine, "
+            f"first: row {validated.rejected[0].row_number}: {validated.rejected[0].reason}"
+        )
+    return TransformedPartition(validated.frame, landed, validated.duplicates_dropped,
+                                validated.rejected)
+
+
+def _kept_rows(spec: SourceSpec, rejected: tuple[RejectedRow, ...]) -> KeptRows | None:
+    """The stored rows the load keeps for the rejected ones: a rejected row is not absent."""
+    if not rejected:
+        return None
+    keys = [row.key for row in rejected if row.key is not None]
+    frame = pd.DataFrame(keys, columns=list(spec.natural_key))
+    return KeptRows(frame, all_vanished=len(keys) < len(rejected))
+
+
+def _inherited(context: OpExecutionContext, received) -> bool:
+    return not (isinstance(received, StepOutcomes) and received.run_id == context.run_id)
+
+
+def _redo(context: OpExecutionContext, spec: SourceSpec, *, transform: bool) -> dict:
+    """The first step of a re-execution: every partition the runs it repeats did not load is
+    fetched again (and transformed, for the load step); their stored outputs are history."""
+    loaded = _partitions_loaded_by_lineage(context, AssetKey(spec.name))
+    outcomes: dict = {}
+    for key in context.partition_keys:
+        if key in loaded:
+            outcomes[key] = PartitionLoaded(key, loaded[key])
+            continue
+        landed = _extract_partition(context, spec, key, reuse_landed=False)
+        outcomes[key] = (_transform_partition(context, spec, key, landed)
+                         if transform and isinstance(landed, LandedPayload) else landed)
+    if loaded:
+        context.log.info(f"{spec.name}: re-execution; {len(loaded)} partition(s) already loaded "
+                         f"by the run it repeats, {len(outcomes) - len(loaded)} fetched again")
+    return outcomes
+
+
+def _stopped(context: OpExecutionContext, reason: str) -> StepOutcomes:
+    return StepOutcomes(context.run_id,
+                        {key: PartitionSkipped(key, reason) for key in context.partition_keys})
+
+
+# --- the three ops -------------------------------------------------------------------------------
+
+
+def _extract_op(spec: SourceSpec):
     @op(
         name=f"extract_{spec.name}",
         description=f"Fetch partitions of {spec.name} and land the raw payloads.",
-        required_resource_keys={resource_key, LANDING_KEY},
+        required_resource_keys={source_resource_key(spec), LANDING_KEY},
         tags=_op_tags(spec),
     )
-    def extract(context: OpExecutionContext, config: ExtractConfig) -> dict:
-        record_step(context, spec)
-        landing = getattr(context.resources, LANDING_KEY)
-        keys = context.partition_keys
-        other_runs = _runs_to_give_way_to(context, spec, keys)
-        if other_runs:
-            reason = (f"stopped: run(s) {', '.join(other_runs)} of the same partition(s) "
-                      "in progress; nothing loaded by this run")
-            context.log.warning(f"{spec.name}: {reason}")
-            return {key: PartitionSkipped(key, reason) for key in keys}
-        outcomes: dict[str, LandedPayload | PartitionFailure] = {}
-        for key in keys:
-            step = StepContext(spec.name, key, "extract")
-            latest = landing.latest(spec.name, key)
-            if config.reuse_landed or (latest is not None and latest.run_id == context.run_id):
-                if latest is None:
-                    outcomes[key] = _set_aside(context, step, NO_RETRY, PermanentError(
-                        "nothing landed yet to re-transform"), len(keys) > 1)
-                else:
-                    outcomes[key] = latest
-                continue
-            try:
-                raw = spec.extract(ExtractRequest(
-                    source=spec.name, partition_key=key,
-                    resource=getattr(context.resources, resource_key),
-                ))
-                outcomes[key] = landing.land(
-                    spec.name, key, raw.content, content_type=raw.content_type,
-                    origin=raw.origin, fetched_at=datetime.now(UTC), run_id=context.run_id,
-                )
-            except Exception as exc:
-                outcomes[key] = _set_aside(context, step, spec.extract_retry, exc, len(keys) > 1)
-        landed = [o for o in outcomes.values() if isinstance(o, LandedPayload)]
-        context.log.info(
-            f"{spec.name}: landed {len(landed)} of {len(keys)} partitions, "
-            f"{sum(o.size_bytes for o in landed)} bytes"
-        )
-        return outcomes
+    def extract(context: OpExecutionContext, config: ExtractConfig) -> StepOutcomes:
+        with _step(context, spec):
+            reason = _older_run_stops_this_one(context, spec)
+            if reason:
+                return _stopped(context, reason)
+            outcomes = {key: _extract_partition(context, spec, key, config.reuse_landed)
+                        for key in context.partition_keys}
+            landed = [o for o in outcomes.values() if isinstance(o, LandedPayload)]
+            context.log.info(
+                f"{spec.name}: landed {len(landed)} of {len(outcomes)} partitions, "
+                f"{sum(o.size_bytes for o in landed)} bytes"
+            )
+            return StepOutcomes(context.run_id, outcomes)
 
     return extract
-
-
-def _runs_to_give_way_to(context: OpExecutionContext, spec: SourceSpec, keys) -> list[str]:
-    """Apply the source's concurrent-run policy; the ids of the runs to stop for, if any."""
-    claim = RunClaim(context.run_id, f"{spec.name}_job", AssetKey(spec.name), frozenset(keys))
-    scope = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
-    older = run_with_retries(
-        context, StepContext(spec.name, scope, "extract"), NO_RETRY,
-        lambda: wait_for_older_runs(
-            context.instance, claim, spec.partitions_def, spec.on_concurrent_run,
-            spec.concurrent_run_wait_seconds, context.log.info,
-        ),
-    )
-    return [run.run_id for run in older]
 
 
 def _transform_op(spec: SourceSpec):
     @op(
         name=f"transform_{spec.name}",
         description=f"Parse and validate the landed payloads of {spec.name}.",
-        required_resource_keys={LANDING_KEY},
+        required_resource_keys={source_resource_key(spec), LANDING_KEY},
         tags=_op_tags(spec),
     )
-    def transform(context: OpExecutionContext, extracted: dict) -> dict:
-        record_step(context, spec)
-        landing = getattr(context.resources, LANDING_KEY)
-        outcomes: dict[str, TransformedPartition | PartitionSkipped | PartitionFailure] = {}
-        for key, landed in extracted.items():
-            if not isinstance(landed, LandedPayload):
-                outcomes[key] = landed
-                continue
-            try:
-                parsed = spec.transform(TransformRequest(
-                    source=spec.name, partition_key=key, content=landing.read(landed),
-                    content_type=landed.content_type, fetched_at=landed.fetched_at,
-                ))
-                validated = validate_partition(parsed, spec.load_target, key,
-                                               spec.max_rejected_share)
-            except PartitionNotAvailable as not_yet:
-                context.log.info(f"{spec.name} [{key}] not available yet: {not_yet}; "
-                                 "nothing loaded, a later run will pick it up")
-                outcomes[key] = PartitionSkipped(key, f"not available yet: {not_yet}")
-                continue
-            except Exception as exc:
-                step = StepContext(spec.name, key, "transform")
-                outcomes[key] = _set_aside(context, step, NO_RETRY, exc, len(extracted) > 1)
-                continue
-            if validated.rejected:
-                context.log.warning(
-                    f"{spec.name} [{key}]: {len(validated.rejected)} rows rejected to quarantine, "
-                    f"first: row {validated.rejected[0].row_number}: {validated.rejected[0].reason}"
-                )
-            outcomes[key] = TransformedPartition(
-                validated.frame, landed, validated.duplicates_dropped, validated.rejected
-            )
-        return outcomes
+    def transform(context: OpExecutionContext, extracted) -> StepOutcomes:
+        with _step(context, spec):
+            if _inherited(context, extracted):
+                reason = _older_run_stops_this_one(context, spec)
+                if reason:
+                    return _stopped(context, reason)
+                return StepOutcomes(context.run_id, _redo(context, spec, transform=True))
+            outcomes = {
+                key: _transform_partition(context, spec, key, landed)
+                if isinstance(landed, LandedPayload) else landed
+                for key, landed in extracted.partitions.items()
+            }
+            return StepOutcomes(context.run_id, outcomes)
 
     return transform
 
@@ -275,61 +395,19 @@ def _load_op(spec: SourceSpec):
     @op(
         name=f"load_{spec.name}",
         description=f"Upsert partitions of {spec.name} into {spec.table.name}.",
-        required_resource_keys={WAREHOUSE_KEY},
+        required_resource_keys={WAREHOUSE_KEY, source_resource_key(spec), LANDING_KEY},
         out=Out(is_required=False),
         tags=_op_tags(spec),
     )
-    def load(context: OpExecutionContext, transformed: dict):
-        record_step(context, spec)
-        engine = getattr(context.resources, WAREHOUSE_KEY).engine()
-        already_loaded = _partitions_materialized_by_run(context, asset_key)
-        skipped = [o for o in transformed.values() if isinstance(o, PartitionSkipped)]
-        failed = [o for o in transformed.values() if isinstance(o, PartitionFailure)]
-        for key, outcome in transformed.items():
-            if not isinstance(outcome, TransformedPartition) or key in already_loaded:
-                continue
-            step = StepContext(spec.name, key, "load")
-            try:
-                counts = load_partition(
-                    engine, spec.load_target, outcome.frame, key, context.run_id,
-                    within_transaction=partial(replace_quarantine, source=spec.name,
-                                               partition_key=key, run_id=context.run_id,
-                                               rejected=outcome.rejected),
-                )
-            except Exception as exc:
-                failed.append(_set_aside(context, step, spec.load_retry, exc,
-                                         len(transformed) > 1))
-                continue
-            context.log.info(f"{spec.name} [{key}] loaded: {counts.as_dict()}, "
-                             f"rejected: {len(outcome.rejected)}")
-            context.log_event(AssetMaterialization(
-                asset_key=asset_key, partition=key,
-                metadata={
-                    **{name: MetadataValue.int(n) for name, n in counts.as_dict().items()},
-                    "rejected": MetadataValue.int(len(outcome.rejected)),
-                    "duplicates_dropped": MetadataValue.int(outcome.duplicates_dropped),
-                    "dagster/row_count": MetadataValue.int(len(outcome.frame)),
-                    "table": spec.table.name,
-                    "content_hash": outcome.landed.content_hash,
-                    "fetched_at": outcome.landed.fetched_at.isoformat(),
-                },
-            ))
-        if skipped or failed:
-            context.log_event(AssetObservation(asset_key=asset_key, metadata={
-                "mostovik/skipped": MetadataValue.json(
-                    {o.partition_key: o.reason for o in skipped}),
-                "mostovik/failed": MetadataValue.json(
-                    {o.partition_key: o.message for o in failed}),
-            }))
-        if failed:
-            shown = "; ".join(f.message for f in failed[:SHOWN_FAILURES])
-            raise Failure(
-                description=f"{spec.name}: {len(failed)} of {len(transformed)} partitions "
-                            f"failed: {shown}",
-                metadata={"mostovik/failed_partitions": MetadataValue.json(
-                    [f.partition_key for f in failed])},
-                allow_retries=False,
-            )
+    def load(context: OpExecutionContext, transformed):
+        with _step(context, spec):
+            if _inherited(context, transformed):
+                reason = _older_run_stops_this_one(context, spec)
+                outcomes = (_stopped(context, reason).partitions if reason
+                            else _redo(context, spec, transform=True))
+            else:
+                outcomes = transformed.partitions
+            _load_partitions(context, spec, asset_key, outcomes)
         # The op is a generator that yields no output: its materialisations are the explicit,
         # per-partition ones above, never one for the whole range.
         yield from ()
@@ -337,17 +415,98 @@ def _load_op(spec: SourceSpec):
     return load
 
 
-def _partitions_materialized_by_run(context: OpExecutionContext, asset_key: AssetKey) -> set:
-    """Partitions this run already loaded (before a retry of the load step)."""
-    if context.retry_number == 0:
-        return set()
+def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: AssetKey,
+                     outcomes: dict) -> None:
+    engine = getattr(context.resources, WAREHOUSE_KEY).engine()
+    already_loaded = _partitions_materialized_by_run(context, asset_key)
+    ranged = len(outcomes) > 1
+    skipped = [o for o in outcomes.values() if isinstance(o, PartitionSkipped)]
+    failed = [o for o in outcomes.values() if isinstance(o, PartitionFailure)]
+    rejected = 0
+    for key, outcome in outcomes.items():
+        if not isinstance(outcome, TransformedPartition) or key in already_loaded:
+            continue
+        try:
+            counts = load_partition(
+                engine, spec.load_target, outcome.frame, key, context.run_id,
+                within_transaction=partial(replace_quarantine, source=spec.name,
+                                           partition_key=key, run_id=context.run_id,
+                                           rejected=outcome.rejected),
+                fetched_at=outcome.landed.fetched_at,
+                kept=_kept_rows(spec, outcome.rejected),
+            )
+        except PartitionSuperseded as superseded:
+            context.log.warning(f"{spec.name} [{key}] superseded: {superseded}")
+            skipped.append(PartitionSkipped(key, f"superseded: {superseded}"))
+            continue
+        except Exception as exc:
+            failed.append(_fail_or_set_aside(
+                context, StepContext(spec.name, key, "load"), spec.load_retry, exc, ranged))
+            continue
+        rejected += len(outcome.rejected)
+        context.log.info(f"{spec.name} [{key}] loaded: {counts.as_dict()}, "
+                         f"rejected: {len(outcome.rejected)}")
+        context.log_event(AssetMaterialization(
+            asset_key=asset_key, partition=key,
+            metadata={
+                **{name: MetadataValue.int(n) for name, n in counts.as_dict().items()},
+                "rejected": MetadataValue.int(len(outcome.rejected)),
+                "duplicates_dropped": MetadataValue.int(outcome.duplicates_dropped),
+                "dagster/row_count": MetadataValue.int(len(outcome.frame)),
+                "table": spec.table.name,
+                "content_hash": outcome.landed.content_hash,
+                "fetched_at": outcome.landed.fetched_at.isoformat(),
+            },
+        ))
+    if skipped or failed:
+        context.log_event(AssetObservation(asset_key=asset_key, metadata={
+            "mostovik/skipped": MetadataValue.json({o.partition_key: o.reason for o in skipped}),
+            "mostovik/failed": MetadataValue.json({o.partition_key: o.message for o in failed}),
+        }))
+    if failed:
+        shown = "; ".join(f.message for f in failed[:SHOWN_FAILURES])
+        raise Failure(
+            description=f"{spec.name}: {len(failed)} of {len(outcomes)} partitions "
+                        f"failed: {shown}",
+            metadata={"mostovik/failed_partitions": MetadataValue.json(
+                [f.partition_key for f in failed])},
+            allow_retries=False,
+        )
+    status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
+                                  ranged=ranged)
+    context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
+
+
+def _materialized_partitions(context: OpExecutionContext, run_id: str,
+                             asset_key: AssetKey) -> set[str]:
     records = context.instance.get_records_for_run(
-        context.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION
+        run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION
     ).records
     return {
         record.event_log_entry.asset_materialization.partition for record in records
         if record.event_log_entry.asset_materialization.asset_key == asset_key
     }
+
+
+def _partitions_materialized_by_run(context: OpExecutionContext, asset_key: AssetKey) -> set:
+    """Partitions this run already loaded (before a retry of the load step)."""
+    if context.retry_number == 0:
+        return set()
+    return _materialized_partitions(context, context.run_id, asset_key)
+
+
+def _partitions_loaded_by_lineage(context: OpExecutionContext,
+                                  asset_key: AssetKey) -> dict[str, str]:
+    """Partition -> run, for the partitions the runs this run re-executes (its parent, its
+    parent's parent, ...) loaded."""
+    loaded: dict[str, str] = {}
+    run_id = context.run.parent_run_id
+    while run_id:
+        for key in _materialized_partitions(context, run_id, asset_key):
+            loaded.setdefault(key, run_id)
+        parent = context.instance.get_run_by_id(run_id)
+        run_id = parent.parent_run_id if parent else None
+    return loaded
 
 
 def _schedule(spec: SourceSpec, job):

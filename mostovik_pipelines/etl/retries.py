@@ -1,24 +1,34 @@
 """The one retry mechanism: a classified failure becomes a bounded retry or an immediate failure.
 
-Every op runs its work through :func:`run_with_retries`. A transient failure raises Dagster's
+Every op runs its work through :func:`retry_or_fail`. A transient failure raises Dagster's
 ``RetryRequested`` with an exponential, jittered wait (or the source's ``Retry-After``, capped);
-a permanent one, or a transient one on the last attempt, raises ``Failure(allow_retries=False)``
-with the error's class and context as metadata. Ops carry no ``RetryPolicy`` of their own, so no
-exception is ever retried without passing through :func:`.errors.classify`.
+a permanent one, or a transient one past the last attempt, becomes ``Failure(allow_retries=
+False)`` with the error's class and context as metadata. Ops carry no ``RetryPolicy`` of their
+own, so no exception is ever retried without passing through :func:`.errors.classify`.
+
+The budget is per partition, not per step: every retry is recorded as an observation of the
+failing partition (``mostovik/retry``: op, attempt, reason, wait), and a partition's attempts are
+counted from its own records in the run's event log. Three partitions of a year-long backfill
+that each fail once take one retry each, and the rest keep their full budget. The same records
+show an operator every retry, per partition, in the UI.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
-from dagster import Failure, MetadataValue, OpExecutionContext, RetryRequested
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    DagsterEventType,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    RetryRequested,
+)
 
 from mostovik_pipelines.etl.errors import Verdict, classify
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,31 +66,52 @@ class StepContext:
         return f"{self.source} [{self.partition_key}] {self.step}"
 
 
-def run_with_retries(
-    context: OpExecutionContext, step: StepContext, policy: RetryPolicy, work: Callable[[], T]
-) -> T:
-    """Run ``work`` once; turn its failure into a bounded retry or a final failure."""
-    try:
-        return work()
-    except Exception as exc:  # every failure is classified; nothing escapes unjudged
-        raise retry_or_fail(context, step, policy, exc) from exc
+RETRY_METADATA_KEY = "mostovik/retry"
 
 
 def retry_or_fail(
     context: OpExecutionContext, step: StepContext, policy: RetryPolicy, exc: Exception
 ) -> RetryRequested | Failure:
     """The exception that ends this attempt of the step: a retry while the failure is transient
-    and attempts remain (logged with reason, context and wait), else the final failure."""
+    and the partition has attempts left (recorded, logged with reason, context and wait), else
+    the final failure."""
     verdict = classify(exc)
-    attempt = context.retry_number + 1
-    if verdict.transient and attempt < policy.max_attempts:
-        wait = policy.wait_seconds(attempt, verdict.retry_after)
-        context.log.warning(
-            f"{step.describe()}: attempt {attempt} of {policy.max_attempts} failed "
-            f"({verdict.kind}: {verdict.reason}); retrying in {wait:.1f}s"
-        )
-        return RetryRequested(max_retries=policy.max_attempts - 1, seconds_to_wait=wait)
-    return failure_for(step, verdict, attempt, policy)
+    if not verdict.transient or policy.max_attempts <= 1:
+        return failure_for(step, verdict, _attempts_before(context, step, policy) + 1, policy)
+    attempt = _attempts_before(context, step, policy) + 1
+    if attempt >= policy.max_attempts:
+        return failure_for(step, verdict, attempt, policy)
+    wait = policy.wait_seconds(attempt, verdict.retry_after)
+    message = (f"{step.describe()}: attempt {attempt} of {policy.max_attempts} failed "
+               f"({verdict.kind}: {verdict.reason}); retrying in {wait:.1f}s")
+    context.log.warning(message)
+    context.log_event(AssetObservation(
+        asset_key=AssetKey(step.source), partition=step.partition_key,
+        description=message,
+        metadata={RETRY_METADATA_KEY: MetadataValue.json({
+            "op": step.step, "attempt": attempt, "max_attempts": policy.max_attempts,
+            "kind": verdict.kind, "reason": verdict.reason, "wait_seconds": wait,
+        })},
+    ))
+    # The step restarts whole; its partitions already done are not redone (see the factory).
+    return RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=wait)
+
+
+def _attempts_before(context: OpExecutionContext, step: StepContext, policy: RetryPolicy) -> int:
+    """Failed attempts of this partition's step earlier in the run, from its retry records."""
+    if context.retry_number == 0 or policy.max_attempts <= 1:
+        return 0
+    records = context.instance.get_records_for_run(
+        context.run_id, of_type=DagsterEventType.ASSET_OBSERVATION).records
+    count = 0
+    for record in records:
+        observation = record.event_log_entry.asset_observation
+        if observation is None or observation.partition != step.partition_key:
+            continue
+        retry = observation.metadata.get(RETRY_METADATA_KEY)
+        if retry is not None and retry.value.get("op") == step.step:
+            count += 1
+    return count
 
 
 def failure_for(step: StepContext, verdict: Verdict, attempt: int, policy: RetryPolicy) -> Failure:

@@ -22,6 +22,11 @@ EXECUTOR_TAG = f"{TAG_PREFIX}executor"
 CELERY_TASK_TAG_PREFIX = f"{TAG_PREFIX}celery_task."
 """Followed by the op name: the Celery task that executed that step."""
 
+# Written by the run itself as it ends (see tracking.job_status_of), or for a run that died
+# without a word, by the job status sensor once run storage marks it failed:
+STATUS_TAG = f"{TAG_PREFIX}status"
+"""The ADR-016 status of a finished job: completed, partial or failed."""
+
 # Written by `mostovik jobs rerun`:
 LAUNCHED_BY_TAG = f"{TAG_PREFIX}launched_by"
 RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,7 @@ from mostovik_pipelines.etl.tags import (
     RANGE_START_TAG,
     RERUN_OF_TAG,
     SOURCE_TAG,
+    STATUS_TAG,
     business_tags,
 )
 from mostovik_pipelines.settings import EXECUTOR_ENV
@@ -77,6 +78,22 @@ RUN_STATUS_TO_JOB_STATUS = {
     DagsterRunStatus.CANCELED: JobStatus.FAILED,
 }
 RESULTS = {JobStatus.COMPLETED: "success", JobStatus.PARTIAL: "partial", JobStatus.FAILED: "error"}
+NOT_AVAILABLE_YET = "not available yet"
+PENDING_RUN_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED,
+                        DagsterRunStatus.STARTING]
+
+
+def completed_or_partial(rejected: int, left_out: Mapping[str, str], *,
+                         ranged: bool) -> JobStatus:
+    """The status of a job whose run succeeded: partial when it did not take everything in (rows
+    quarantined; a partition stopped for a concurrent run or superseded by a newer load; any
+    partition of a range left out), else completed. A single partition the source has not
+    published yet is completed: the run did all there was to do."""
+    if rejected or (ranged and left_out):
+        return JobStatus.PARTIAL
+    if any(not reason.startswith(NOT_AVAILABLE_YET) for reason in left_out.values()):
+        return JobStatus.PARTIAL
+    return JobStatus.COMPLETED
 
 
 class JobNotFound(LookupError):
@@ -180,12 +197,23 @@ def list_jobs(
         tags={SOURCE_TAG: source} if source else None,
         statuses=_run_statuses(status),
     )
+    records = list(instance.get_run_records(filters, order_by="create_timestamp"))
+    if source:
+        # A run launched without the source's tags (a UI asset backfill) gets them from its
+        # first step: before it starts, only its asset selection names the source.
+        records += [
+            record for record in instance.get_run_records(RunsFilter(
+                created_after=since, statuses=_run_statuses(status) or PENDING_RUN_STATUSES))
+            if SOURCE_TAG not in record.dagster_run.tags
+            and _source_of(record.dagster_run, specs) == source
+        ]
+        records.sort(key=lambda r: r.create_timestamp, reverse=True)
     jobs = []
-    for record in instance.get_run_records(filters, order_by="create_timestamp"):
+    for record in records:
         run = record.dagster_run
         if _source_of(run, specs) is None:
             continue
-        job = _job_from_record(instance, record, specs)
+        job = _job_from_record(instance, record, specs, detail=False)
         if (job_type and job.job_type != job_type) or (status and job.status is not status):
             continue
         if period_from and (not job.partitions or job.partitions[-1] < period_from):
@@ -237,7 +265,10 @@ def latest_job_for(instance: DagsterInstance, source: str, partition: str) -> Jo
 
 
 def _job_from_record(instance: DagsterInstance, record: RunRecord,
-                     specs: dict[str, SourceSpec]) -> Job:
+                     specs: dict[str, SourceSpec], detail: bool = True) -> Job:
+    """The job of a run. Without ``detail`` (job lists) the event log is not read whole: the
+    status comes from the run's ``mostovik/status`` tag and the figures from its
+    materialisations only."""
     run = record.dagster_run
     source = _source_of(run, specs)
     spec = specs.get(source or "")
@@ -246,7 +277,16 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
     left_out: dict[str, str] = {}
     attempts: dict[str, int] = {}
     errors: list[JobError] = []
-    for entry in instance.all_logs(run.run_id):
+    status = RUN_STATUS_TO_JOB_STATUS[run.status]
+    tagged = run.tags.get(STATUS_TAG)
+    trust_tag = status is JobStatus.COMPLETED and tagged in (JobStatus.COMPLETED,
+                                                             JobStatus.PARTIAL)
+    if not detail and (trust_tag or status is not JobStatus.COMPLETED):
+        entries = [record.event_log_entry for record in instance.get_records_for_run(
+            run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records]
+    else:
+        entries = instance.all_logs(run.run_id)
+    for entry in entries:
         event = entry.dagster_event
         if event is None:
             continue
@@ -269,11 +309,10 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
         elif event.event_type is DagsterEventType.RUN_FAILURE and not errors:
             errors.append(JobError(None, "unclassified", None, entry.user_message, []))
     totals = {key: sum(p.get(key, 0) for p in per_partition.values()) for key in LOAD_COUNT_KEYS}
-    status = RUN_STATUS_TO_JOB_STATUS[run.status]
-    if status is JobStatus.COMPLETED and (
-        totals["rejected"] or (len(partitions) > 1 and left_out)
-    ):
-        status = JobStatus.PARTIAL
+    if trust_tag:
+        status = JobStatus(tagged)
+    elif status is JobStatus.COMPLETED:
+        status = completed_or_partial(totals["rejected"], left_out, ranged=len(partitions) > 1)
     return Job(
         run_id=run.run_id, source=source,
         job_type=run.tags.get(JOB_TYPE_TAG) or (spec.job_type.value if spec else None),
