@@ -87,18 +87,25 @@ class HttpSourceResource(ConfigurableResource):
         return self.base_url.rstrip("/") + "/" + path.lstrip("/") if path else self.base_url
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if not value:
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds, or an HTTP date in any of
+    the three forms RFC 9110 accepts (IMF-fixdate, RFC 850, asctime), with its zone spelled
+    ``GMT``, ``UTC``, ``Z``, ``+0300`` or not at all (read as GMT, as the RFC says). Anything
+    unreadable is None: the caller then backs off on its own, never fails because of a header."""
+    if not value or not value.strip():
         return None
     value = value.strip()
     if value.isdigit():
         return float(value)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
 
 
 def _without_credentials(url: str) -> str:
