@@ -1,5 +1,6 @@
 """The local stand-in for external sources, used by ``make demo``, ``make dev`` and the tests."""
 
+from mostovik_pipelines.standin.erp import ErpStandin
 from mostovik_pipelines.standin.server import StandinClient, StandinServer
 
-__all__ = ["StandinClient", "StandinServer"]
+__all__ = ["ErpStandin", "StandinClient", "StandinServer"]

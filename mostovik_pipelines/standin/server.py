@@ -1,31 +1,53 @@
 """A local stand-in for the external sources: a real HTTP server on 127.0.0.1 that serves each
 source's format deterministically and injects the faults tests ask for.
 
+Routes: ``GET /cbr/XML_daily.asp`` (route ``cbr``, :mod:`.cbr`) and
+``GET /erp/api/v1/work-orders`` (route ``erp``, :mod:`.erp`; the source's base URL is
+:attr:`StandinServer.erp_url`).
+
 Control endpoints (JSON), used by tests and the chaos suite through :class:`StandinClient`:
 
 * ``POST /_control/faults`` ``{"route": "cbr", "kind": ..., "times": 1, ...}`` queues a fault
-  for the next requests of a route (only those whose query contains ``match``, if given);
-  ``DELETE /_control/faults`` clears them. Kinds:
+  for the next requests of a route (only those whose query contains ``match``, if given; on the
+  ``erp`` route a request carrying only a page token matches as if it repeated its window's
+  ``updated_from`` and ``updated_to``; with ``page``: k, only the k-th page of a window, counted
+  from 1); ``DELETE /_control/faults`` clears them. Kinds:
   ``status`` (any code, optional ``retry_after``), ``hang`` (``seconds`` before answering),
   ``drop`` (close the connection halfway through the body), ``truncate`` (a cut-off document),
   ``malformed`` (not XML), ``rename_element`` (``element`` -> ``renamed_to``, a schema change),
   ``wrong_encoding`` (bytes that do not match the declared encoding), ``html`` (a maintenance
   page with status 200), ``body`` (``content`` text in ``encoding``), ``raw`` (exact bytes,
-  ``content_b64``, with optional ``content_type`` and ``status``).
-* ``GET /_control/requests`` lists the requests served (route, query, time, status);
-  ``DELETE /_control/requests`` forgets them.
-* Routes add their own controls (see :mod:`.cbr`).
+  ``content_b64``, with optional ``content_type`` and ``status``), and on the ``erp`` route
+  ``expire_token`` (with ``page`` >= 2: the token that asks for that page expires for good, 410).
+* ``GET /_control/requests`` lists the latest 10,000 requests served (route, query, time,
+  status, fault, page); ``DELETE /_control/requests`` forgets them.
+* CBR: ``POST /_control/cbr/changes``, ``POST /_control/cbr/published_until``,
+  ``DELETE /_control/cbr/changes`` (see :mod:`.cbr`).
+* ERP (errors answer 400/404/409 with ``{"error", "message"}``):
+  ``POST /_control/erp/reset`` ``{"seed": 1}`` back to the seeded base state and start-up settings;
+  ``POST /_control/erp/volume`` ``{"day": "2026-11-03", "records": 100000}``;
+  ``POST /_control/erp/changes`` ``{"changes": [{"op": "update" | "delete" | "restore", "id",
+  "updated_at", "version"?, fields?}]}`` applies all or none and answers ``{"changed": [items]}``;
+  ``GET /_control/erp/work-orders?updated_from=&updated_to=`` the oracle, ``{"items": [...]}``:
+  every record whose latest ``updated_at`` falls in the window, what a perfect sync holds;
+  ``POST /_control/erp/auth`` ``{"token": "..." | null}`` the bearer token required;
+  ``POST /_control/erp/page_tokens`` ``{"ttl_seconds": 600}``;
+  ``POST /_control/erp/page_tokens/expire`` expires every page token issued so far.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -33,7 +55,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import httpx
 
 from mostovik_pipelines.standin.cbr import CbrStandin
+from mostovik_pipelines.standin.erp import WORK_ORDERS_PATH, ErpError, ErpStandin, json_reply
 from mostovik_pipelines.standin.reply import Reply
+
+# Enough for any test to inspect, bounded so that paging a big window does not grow memory.
+REQUEST_LOG_SIZE = 10_000
 
 
 @dataclass
@@ -47,19 +73,23 @@ class Fault:
 class StandinState:
     """Faults queued per route and the log of requests served; shared by handler threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, erp_token: str | None = None) -> None:
         self.lock = threading.Lock()
         self.faults: dict[str, list[Fault]] = {}
-        self.requests: list[dict[str, Any]] = []
+        self.requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_SIZE)
         self.cbr = CbrStandin()
+        self.erp = ErpStandin(erp_token)
 
-    def next_fault(self, route: str, query: str) -> Fault | None:
+    def next_fault(self, route: str, query: str, page: int | None = None) -> Fault | None:
         """The first queued fault of the route that applies to this request (a fault with a
-        ``match`` option applies only to requests whose query string contains it)."""
+        ``match`` option applies only to requests whose query string contains it, one with a
+        ``page`` option only to that page of a window)."""
         with self.lock:
             queue = self.faults.get(route, [])
             for fault in queue:
                 if fault.options.get("match", "") not in query:
+                    continue
+                if "page" in fault.options and fault.options["page"] != page:
                     continue
                 if fault.times > 0:
                     fault.times -= 1
@@ -90,18 +120,30 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 with state.lock:
                     self._send_json(200, list(state.requests))
                 return
-            if url.path not in routes:
+            if url.path == "/_control/erp/work-orders":
+                self._control(lambda: state.erp.window_state(parse_qs(url.query)))
+                return
+            page = page_token = None
+            if url.path == WORK_ORDERS_PATH:
+                route = "erp"
+                served = state.erp.serve(url.query, self.headers.get("Authorization"))
+                reply, match_text = served.reply, served.match_text
+                page, page_token = served.page, served.page_token
+            elif url.path in routes:
+                route = route_names[url.path]
+                reply, match_text = routes[url.path](parse_qs(url.query)), unquote(url.query)
+            else:
                 self._send(Reply(404, b"not found", "text/plain"))
                 return
-            query = parse_qs(url.query)
-            route = route_names[url.path]
-            reply = routes[url.path](query)
-            fault = state.next_fault(route, unquote(url.query))
-            status = self._serve(reply, fault)
+            fault = state.next_fault(route, match_text, page)
+            if fault is not None and fault.kind == "expire_token":
+                status = self._send(state.erp.expire(page_token))
+            else:
+                status = self._serve(reply, fault)
             with state.lock:
                 state.requests.append({"route": route, "query": url.query, "at": time.time(),
                                        "status": status,
-                                       "fault": fault.kind if fault else None})
+                                       "fault": fault.kind if fault else None, "page": page})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -110,9 +152,19 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 fault = Fault(kind=body.pop("kind"), times=int(body.pop("times", 1)),
                               options=body)
                 route = fault.options.pop("route", "cbr")
+                if "page" in fault.options:
+                    fault.options["page"] = int(fault.options["page"])
+                if fault.kind == "expire_token" and (
+                        route != "erp" or fault.options.get("page", 0) < 2):
+                    self._send_json(400, {"error": "expire_token needs route erp and page >= 2,"
+                                                   " the first page carries no token"})
+                    return
                 with state.lock:
                     state.faults.setdefault(route, []).append(fault)
                 self._send_json(200, {"queued": fault.kind, "route": route})
+            elif path.startswith("/_control/erp/"):
+                self._control(lambda: self._erp_control(path.removeprefix("/_control/erp/"),
+                                                        body))
             elif path == "/_control/cbr/changes":
                 state.cbr.change(body["date"], body.get("set", {}), body.get("remove", []))
                 self._send_json(200, {"changed": body["date"]})
@@ -132,6 +184,36 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 elif path == "/_control/cbr/changes":
                     state.cbr.reset()
             self._send_json(200, {"cleared": path})
+
+        def _erp_control(self, name: str, body: dict[str, Any]) -> Any:
+            erp = state.erp
+            if name == "reset":
+                erp.reset(body.get("seed"))
+                return {"reset": True}
+            if name == "volume":
+                erp.set_volume(body.get("day"), body.get("records"))
+                return {"day": body["day"], "records": body["records"]}
+            if name == "changes":
+                return {"changed": erp.apply_changes(body.get("changes"))}
+            if name == "auth":
+                erp.set_token(body.get("token"))
+                return {"token_required": body.get("token") is not None}
+            if name == "page_tokens":
+                erp.set_page_token_ttl(body.get("ttl_seconds"))
+                return {"ttl_seconds": body["ttl_seconds"]}
+            if name == "page_tokens/expire":
+                erp.expire_page_tokens()
+                return {"expired": True}
+            raise ErpError(404, "unknown_control", f"unknown control /_control/erp/{name}")
+
+        def _control(self, action: Callable[[], Any]) -> None:
+            """Answer with what ``action`` returns (a reply, or a payload to send as JSON) or
+            with the error it raises."""
+            try:
+                result = action()
+            except ErpError as error:
+                result = error.reply()
+            self._send(result if isinstance(result, Reply) else json_reply(200, result))
 
         def _serve(self, reply: Reply, fault: Fault | None) -> int:
             if fault is None:
@@ -208,8 +290,9 @@ class _QuietServer(ThreadingHTTPServer):
 class StandinServer:
     """The stand-in on 127.0.0.1, in a background thread of the calling process."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.state = StandinState()
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 erp_token: str | None = None) -> None:
+        self.state = StandinState(erp_token)
         self.httpd = _QuietServer((host, port), _make_handler(self.state))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -222,6 +305,12 @@ class StandinServer:
     @property
     def cbr_url(self) -> str:
         return f"{self.url}/cbr/XML_daily.asp"
+
+    @property
+    def erp_url(self) -> str:
+        """The ERP's base URL (``MOSTOVIK_ERP_URL``); work orders are at
+        ``{erp_url}/api/v1/work-orders``."""
+        return f"{self.url}/erp"
 
     def start(self) -> StandinServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -241,6 +330,18 @@ class StandinClient:
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
+        self._pool: httpx.Client | None = None
+        self._pool_pid = 0
+
+    @property
+    def _http(self) -> httpx.Client:
+        """One keep-alive pool per process: a bare ``httpx.get`` builds a TLS context per call
+        (~70 ms on a busy CI machine, several times per test), and a pool inherited through a
+        fork must not be shared with the parent. Closed when the client is collected."""
+        if self._pool is None or self._pool_pid != os.getpid():
+            self._pool, self._pool_pid = httpx.Client(base_url=self.base_url), os.getpid()
+            weakref.finalize(self, self._pool.close)
+        return self._pool
 
     def fault(self, kind: str, *, route: str = "cbr", times: int = 1, **options: Any) -> None:
         self._post("/_control/faults", {"kind": kind, "route": route, "times": times, **options})
@@ -252,14 +353,14 @@ class StandinClient:
                    content_b64=base64.b64encode(content).decode("ascii"), **options)
 
     def clear_faults(self) -> None:
-        httpx.delete(f"{self.base_url}/_control/faults").raise_for_status()
+        self._http.delete("/_control/faults").raise_for_status()
 
     def requests(self, route: str | None = None) -> list[dict[str, Any]]:
-        served = httpx.get(f"{self.base_url}/_control/requests").json()
+        served = self._http.get("/_control/requests").json()
         return [r for r in served if route is None or r["route"] == route]
 
     def forget_requests(self) -> None:
-        httpx.delete(f"{self.base_url}/_control/requests").raise_for_status()
+        self._http.delete("/_control/requests").raise_for_status()
 
     def change_cbr_rates(self, day: str, set_values: dict[str, str] | None = None,
                          remove: list[str] | None = None) -> None:
@@ -267,10 +368,75 @@ class StandinClient:
                    {"date": day, "set": set_values or {}, "remove": remove or []})
 
     def reset_cbr_rates(self) -> None:
-        httpx.delete(f"{self.base_url}/_control/cbr/changes").raise_for_status()
+        self._http.delete("/_control/cbr/changes").raise_for_status()
 
     def publish_cbr_until(self, day: str | None) -> None:
         self._post("/_control/cbr/published_until", {"date": day})
 
-    def _post(self, path: str, payload: dict[str, Any]) -> None:
-        httpx.post(f"{self.base_url}{path}", json=payload).raise_for_status()
+    def reset_erp(self, seed: int | None = None) -> None:
+        """Back to the seeded work orders (``seed``, default the fixed one), no changes, no
+        volumes, and the bearer token and page-token TTL the server started with."""
+        self._post("/_control/erp/reset", {} if seed is None else {"seed": seed})
+
+    def set_erp_volume(self, day: str | date, records: int) -> None:
+        """Give the Moscow ``day`` that many seeded work orders (up to 999,999)."""
+        self._post("/_control/erp/volume", {"day": str(day), "records": records})
+
+    def change_erp_work_orders(self, changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Apply changes (``{"op": "update" | "delete" | "restore", "id", "updated_at",
+        "version"?, fields?}``), all or none; returns each change's resulting item."""
+        return self._post("/_control/erp/changes", {"changes": changes})["changed"]
+
+    def update_erp_work_order(self, work_order_id: str, updated_at: str | datetime,
+                              **fields: Any) -> dict[str, Any]:
+        """A new version at ``updated_at`` (later than the current one) with ``fields`` changed
+        (status, amount, title, object_code, planned_start, planned_finish; version to force
+        one); an old record updated today is a late update."""
+        return self._change("update", work_order_id, updated_at, fields)
+
+    def delete_erp_work_order(self, work_order_id: str, updated_at: str | datetime,
+                              version: int | None = None) -> dict[str, Any]:
+        """Tombstone the record at ``updated_at``; it keeps its other fields."""
+        forced = {} if version is None else {"version": version}
+        return self._change("delete", work_order_id, updated_at, forced)
+
+    def restore_erp_work_order(self, work_order_id: str, updated_at: str | datetime,
+                               **fields: Any) -> dict[str, Any]:
+        """Bring a tombstoned record back with a newer version, optionally changing fields."""
+        return self._change("restore", work_order_id, updated_at, fields)
+
+    def erp_window_state(self, updated_from: str | datetime,
+                         updated_to: str | datetime) -> list[dict[str, Any]]:
+        """The oracle: every work order whose latest ``updated_at`` is in
+        ``[updated_from, updated_to)``, in (updated_at, id) order, as a perfect sync holds it."""
+        response = self._http.get("/_control/erp/work-orders", timeout=120,
+                                  params={"updated_from": _iso(updated_from),
+                                          "updated_to": _iso(updated_to)})
+        response.raise_for_status()
+        return response.json()["items"]
+
+    def set_erp_token(self, token: str | None) -> None:
+        """Require ``Authorization: Bearer <token>`` on the work-orders API (None: open)."""
+        self._post("/_control/erp/auth", {"token": token})
+
+    def set_erp_page_token_ttl(self, seconds: float) -> None:
+        """How long a page token lives, counted from its issue (applies to issued ones too)."""
+        self._post("/_control/erp/page_tokens", {"ttl_seconds": seconds})
+
+    def expire_erp_page_tokens(self) -> None:
+        """Every page token issued so far answers 410."""
+        self._post("/_control/erp/page_tokens/expire", {})
+
+    def _change(self, op: str, work_order_id: str, updated_at: str | datetime,
+                fields: dict[str, Any]) -> dict[str, Any]:
+        change = {"op": op, "id": work_order_id, "updated_at": _iso(updated_at), **fields}
+        return self.change_erp_work_orders([change])[0]
+
+    def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        response = self._http.post(path, json=payload)
+        response.raise_for_status()
+        return response.json()
+
+
+def _iso(moment: str | datetime) -> str:
+    return moment if isinstance(moment, str) else moment.isoformat()
