@@ -77,6 +77,11 @@ class _ClaimHoldingExecutor(Executor):
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
 
+    def __getattr__(self, name: str):
+        # Executors are read beyond the base interface (dagster-celery's workers ask theirs
+        # for its app arguments): everything else is the wrapped executor's.
+        return getattr(self.inner, name)
+
     @property
     def retries(self):
         return self.inner.retries

@@ -121,6 +121,13 @@ class ConfigurationError(PermanentError):
     kind = "configuration_error"
 
 
+class PageCursorExpired(TransientError):
+    """A paged source no longer honours the token of the next page (HTTP 410): the framework
+    fetches that page again with a window narrowed to start after the last item received."""
+
+    kind = "cursor_expired"
+
+
 class ConcurrentRunError(TransientError):
     """Another run holds the same source and partition; it can pass when that run ends."""
 

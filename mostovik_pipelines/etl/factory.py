@@ -30,9 +30,8 @@ loaded, the partition stays unmaterialised, and a later run picks it up.
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 
 import pandas as pd
 from dagster import (
@@ -57,8 +56,19 @@ from dagster import (
     schedule,
 )
 
-from mostovik_pipelines.etl.errors import ConcurrentRunError, PermanentError, classify
-from mostovik_pipelines.etl.loading import KeptRows, PartitionSuperseded, load_partition
+from mostovik_pipelines.etl.errors import (
+    ConcurrentRunError,
+    ConfigurationError,
+    PageCursorExpired,
+    PermanentError,
+    classify,
+)
+from mostovik_pipelines.etl.loading import (
+    KeptRows,
+    LoadCounts,
+    PartitionSuperseded,
+    load_partition,
+)
 from mostovik_pipelines.etl.quarantine import replace_quarantine
 from mostovik_pipelines.etl.retries import (
     NO_RETRY,
@@ -75,11 +85,13 @@ from mostovik_pipelines.etl.runs_in_flight import (
 )
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
+    PageCursor,
     PartitionNotAvailable,
     RejectedRow,
     SourceSpec,
     TransformRequest,
 )
+from mostovik_pipelines.etl.sync_progress import committed_progress, save_progress
 from mostovik_pipelines.etl.tags import STATUS_TAG, business_tags
 from mostovik_pipelines.etl.tracking import JobStatus, completed_or_partial, record_step
 from mostovik_pipelines.etl.validation import validate_partition
@@ -102,6 +114,9 @@ class ExtractConfig(Config):
 
     reuse_landed: bool = False
     """Re-transform the partition's most recently landed payload instead of calling the source."""
+    full_resync: bool = False
+    """Paged sources: sync the whole partition again, ignoring the progress committed by an
+    interrupted run (a finished partition keeps no progress: its next run is a full re-sync)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,32 @@ class PartitionLoaded:
 
     partition_key: str
     run_id: str
+
+
+@dataclass(frozen=True)
+class LandedPages:
+    """A paged partition's pages landed by this run, from where its committed progress left
+    off (``resumed_after_page`` pages were committed before; 0: from the start)."""
+
+    pages: tuple[LandedPayload, ...]
+    resumed_after_page: int
+
+
+@dataclass(frozen=True)
+class TransformedPage:
+    number: int
+    frame_path: str
+    """The page's validated rows, kept next to its landed payload (memory holds one page)."""
+    rows: int
+    rejected: tuple[RejectedRow, ...]
+    duplicates_dropped: int
+    landed: LandedPayload
+
+
+@dataclass(frozen=True)
+class TransformedPages:
+    pages: tuple[TransformedPage, ...]
+    resumed_after_page: int
 
 
 @dataclass(frozen=True)
@@ -253,7 +294,16 @@ def _fail_or_set_aside(
 
 
 def _extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
-                       reuse_landed: bool) -> LandedPayload | PartitionFailure:
+                       reuse_landed: bool, full_resync: bool = False,
+                       ) -> LandedPayload | LandedPages | PartitionFailure:
+    if spec.paged:
+        if reuse_landed:
+            return _fail_or_set_aside(
+                context, StepContext(spec.name, key, "extract"), NO_RETRY, ConfigurationError(
+                    "reuse_landed re-transforms one payload; a paged source lands many: "
+                    "run it again (it resumes after its committed pages) or with full_resync"),
+                len(context.partition_keys) > 1)
+        return _extract_pages(context, spec, key, full_resync)
     landing = getattr(context.resources, LANDING_KEY)
     ranged = len(context.partition_keys) > 1
     latest = landing.latest(spec.name, key)
@@ -269,16 +319,71 @@ def _extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
         ))
         return landing.land(
             spec.name, key, raw.content, content_type=raw.content_type,
-            origin=raw.origin, fetched_at=datetime.now(UTC), run_id=context.run_id,
+            origin=raw.origin, fetched_at=raw.published_at or datetime.now(UTC),
+            run_id=context.run_id,
         )
     except Exception as exc:
         return _fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
                                   spec.extract_retry, exc, ranged)
 
 
+def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
+                   full_resync: bool) -> LandedPages | PartitionFailure:
+    """Land the partition's pages, starting after its committed progress (or after what this
+    run already landed, in a retried step): a committed page is never fetched again. An expired
+    page token restarts the page with the window narrowed to after the last item received."""
+    landing = getattr(context.resources, LANDING_KEY)
+    mine = landing.pages_landed_by(spec.name, key, context.run_id)
+    if mine:
+        resumed_after = (mine[0].page or 1) - 1
+        cursor = _cursor(mine[-1].next_cursor)
+        if cursor is None:
+            return LandedPages(tuple(mine), resumed_after)
+    else:
+        engine = getattr(context.resources, WAREHOUSE_KEY).engine()
+        progress = None if full_resync else committed_progress(engine, spec.name, key)
+        resumed_after = progress.pages_committed if progress else 0
+        cursor = progress.next_cursor if progress else None
+        if progress:
+            context.log.info(f"{spec.name} [{key}]: resuming after page {resumed_after} "
+                             f"(committed by run {progress.run_id})")
+    pages = list(mine)
+    number = resumed_after + len(pages) + 1
+    while True:
+        try:
+            raw = spec.extract(ExtractRequest(
+                source=spec.name, partition_key=key,
+                resource=getattr(context.resources, source_resource_key(spec)), cursor=cursor,
+            ))
+        except PageCursorExpired as expired:
+            context.log.warning(f"{spec.name} [{key}] page {number}: {expired}; fetching it "
+                                "again from after the last item received")
+            cursor = PageCursor(None, cursor.resume_after if cursor else None)
+            continue
+        except Exception as exc:
+            return _fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
+                                      spec.extract_retry, exc, len(context.partition_keys) > 1)
+        pages.append(landing.land(
+            spec.name, key, raw.content, content_type=raw.content_type, origin=raw.origin,
+            fetched_at=datetime.now(UTC), run_id=context.run_id, page=number,
+            cursor=asdict(cursor) if cursor else None,
+            next_cursor=asdict(raw.next_cursor) if raw.next_cursor else None,
+        ))
+        if raw.next_cursor is None:
+            return LandedPages(tuple(pages), resumed_after)
+        cursor, number = raw.next_cursor, number + 1
+
+
+def _cursor(record: dict | None) -> PageCursor | None:
+    return PageCursor(**record) if record else None
+
+
 def _transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
-                         landed: LandedPayload
-                         ) -> TransformedPartition | PartitionSkipped | PartitionFailure:
+                         landed: LandedPayload | LandedPages
+                         ) -> TransformedPartition | TransformedPages | PartitionSkipped | (
+                             PartitionFailure):
+    if isinstance(landed, LandedPages):
+        return _transform_pages(context, spec, key, landed)
     landing = getattr(context.resources, LANDING_KEY)
     try:
         parsed = spec.transform(TransformRequest(
@@ -300,6 +405,29 @@ def _transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str
         )
     return TransformedPartition(validated.frame, landed, validated.duplicates_dropped,
                                 validated.rejected)
+
+
+def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
+                     landed: LandedPages) -> TransformedPages | PartitionFailure:
+    landing = getattr(context.resources, LANDING_KEY)
+    pages = []
+    for page in landed.pages:
+        try:
+            parsed = spec.transform(TransformRequest(
+                source=spec.name, partition_key=key, content=landing.read(page),
+                content_type=page.content_type, fetched_at=page.fetched_at,
+                cursor=_cursor(page.cursor),
+            ))
+            validated = validate_partition(parsed, spec.load_target, key,
+                                           spec.max_rejected_share)
+        except Exception as exc:
+            return _fail_or_set_aside(
+                context, StepContext(spec.name, key, f"transform (page {page.page})"), NO_RETRY,
+                exc, len(context.partition_keys) > 1)
+        path = landing.keep_frame(page, validated.frame)
+        pages.append(TransformedPage(page.page or 0, path, len(validated.frame),
+                                     validated.rejected, validated.duplicates_dropped, page))
+    return TransformedPages(tuple(pages), landed.resumed_after_page)
 
 
 def _kept_rows(spec: SourceSpec, rejected: tuple[RejectedRow, ...]) -> KeptRows | None:
@@ -326,7 +454,8 @@ def _redo(context: OpExecutionContext, spec: SourceSpec, *, transform: bool) -> 
             continue
         landed = _extract_partition(context, spec, key, reuse_landed=False)
         outcomes[key] = (_transform_partition(context, spec, key, landed)
-                         if transform and isinstance(landed, LandedPayload) else landed)
+                         if transform and isinstance(landed, LandedPayload | LandedPages)
+                         else landed)
     if loaded:
         context.log.info(f"{spec.name}: re-execution; {len(loaded)} partition(s) already loaded "
                          f"by the run it repeats, {len(outcomes) - len(loaded)} fetched again")
@@ -345,7 +474,7 @@ def _extract_op(spec: SourceSpec):
     @op(
         name=f"extract_{spec.name}",
         description=f"Fetch partitions of {spec.name} and land the raw payloads.",
-        required_resource_keys={source_resource_key(spec), LANDING_KEY},
+        required_resource_keys={source_resource_key(spec), LANDING_KEY, WAREHOUSE_KEY},
         tags=_op_tags(spec),
     )
     def extract(context: OpExecutionContext, config: ExtractConfig) -> StepOutcomes:
@@ -353,11 +482,14 @@ def _extract_op(spec: SourceSpec):
             reason = _older_run_stops_this_one(context, spec)
             if reason:
                 return _stopped(context, reason)
-            outcomes = {key: _extract_partition(context, spec, key, config.reuse_landed)
+            outcomes = {key: _extract_partition(context, spec, key, config.reuse_landed,
+                                                config.full_resync)
                         for key in context.partition_keys}
-            landed = [o for o in outcomes.values() if isinstance(o, LandedPayload)]
+            landed = [payload for o in outcomes.values()
+                      for payload in (o.pages if isinstance(o, LandedPages) else [o])
+                      if isinstance(payload, LandedPayload)]
             context.log.info(
-                f"{spec.name}: landed {len(landed)} of {len(outcomes)} partitions, "
+                f"{spec.name}: landed {len(landed)} payload(s) for {len(outcomes)} partition(s), "
                 f"{sum(o.size_bytes for o in landed)} bytes"
             )
             return StepOutcomes(context.run_id, outcomes)
@@ -369,7 +501,7 @@ def _transform_op(spec: SourceSpec):
     @op(
         name=f"transform_{spec.name}",
         description=f"Parse and validate the landed payloads of {spec.name}.",
-        required_resource_keys={source_resource_key(spec), LANDING_KEY},
+        required_resource_keys={source_resource_key(spec), LANDING_KEY, WAREHOUSE_KEY},
         tags=_op_tags(spec),
     )
     def transform(context: OpExecutionContext, extracted) -> StepOutcomes:
@@ -381,7 +513,7 @@ def _transform_op(spec: SourceSpec):
                 return StepOutcomes(context.run_id, _redo(context, spec, transform=True))
             outcomes = {
                 key: _transform_partition(context, spec, key, landed)
-                if isinstance(landed, LandedPayload) else landed
+                if isinstance(landed, LandedPayload | LandedPages) else landed
                 for key, landed in extracted.partitions.items()
             }
             return StepOutcomes(context.run_id, outcomes)
@@ -424,17 +556,14 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
     failed = [o for o in outcomes.values() if isinstance(o, PartitionFailure)]
     rejected = 0
     for key, outcome in outcomes.items():
-        if not isinstance(outcome, TransformedPartition) or key in already_loaded:
+        if not isinstance(outcome, TransformedPartition | TransformedPages) or (
+                key in already_loaded):
             continue
         try:
-            counts = load_partition(
-                engine, spec.load_target, outcome.frame, key, context.run_id,
-                within_transaction=partial(replace_quarantine, source=spec.name,
-                                           partition_key=key, run_id=context.run_id,
-                                           rejected=outcome.rejected),
-                fetched_at=outcome.landed.fetched_at,
-                kept=_kept_rows(spec, outcome.rejected),
-            )
+            if isinstance(outcome, TransformedPages):
+                figures = _load_pages(context, spec, engine, key, outcome)
+            else:
+                figures = _load_whole(context, spec, engine, key, outcome)
         except PartitionSuperseded as superseded:
             context.log.warning(f"{spec.name} [{key}] superseded: {superseded}")
             skipped.append(PartitionSkipped(key, f"superseded: {superseded}"))
@@ -443,20 +572,12 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
             failed.append(_fail_or_set_aside(
                 context, StepContext(spec.name, key, "load"), spec.load_retry, exc, ranged))
             continue
-        rejected += len(outcome.rejected)
-        context.log.info(f"{spec.name} [{key}] loaded: {counts.as_dict()}, "
-                         f"rejected: {len(outcome.rejected)}")
+        rejected += figures["rejected"]
+        context.log.info(f"{spec.name} [{key}] loaded: {figures}")
         context.log_event(AssetMaterialization(
             asset_key=asset_key, partition=key,
-            metadata={
-                **{name: MetadataValue.int(n) for name, n in counts.as_dict().items()},
-                "rejected": MetadataValue.int(len(outcome.rejected)),
-                "duplicates_dropped": MetadataValue.int(outcome.duplicates_dropped),
-                "dagster/row_count": MetadataValue.int(len(outcome.frame)),
-                "table": spec.table.name,
-                "content_hash": outcome.landed.content_hash,
-                "fetched_at": outcome.landed.fetched_at.isoformat(),
-            },
+            metadata={name: MetadataValue.int(n) if isinstance(n, int) else n
+                      for name, n in figures.items()},
         ))
     if skipped or failed:
         context.log_event(AssetObservation(asset_key=asset_key, metadata={
@@ -475,6 +596,82 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
     status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
                                   ranged=ranged)
     context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
+
+
+def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
+                outcome: TransformedPartition) -> dict:
+    """One transaction: the partition's rows, its quarantine (rows rejected by transform, and
+    rows whose key another partition value holds, when the source rejects those)."""
+    quarantined: list[RejectedRow] = []
+
+    def quarantine(connection, counts: LoadCounts) -> None:
+        quarantined[:] = [*outcome.rejected, *_held_elsewhere(outcome.frame, counts)]
+        replace_quarantine(connection, spec.name, key, context.run_id, quarantined)
+
+    counts = load_partition(
+        engine, spec.load_target, outcome.frame, key, context.run_id,
+        within_transaction=quarantine, fetched_at=outcome.landed.fetched_at,
+        kept=_kept_rows(spec, outcome.rejected),
+    )
+    return {
+        **counts.as_dict(), "rejected": len(quarantined),
+        "duplicates_dropped": outcome.duplicates_dropped,
+        "dagster/row_count": len(outcome.frame), "table": spec.table.name,
+        "content_hash": outcome.landed.content_hash,
+        "fetched_at": outcome.landed.fetched_at.isoformat(),
+    }
+
+
+def _held_elsewhere(frame: pd.DataFrame, counts: LoadCounts) -> list[RejectedRow]:
+    rejected = []
+    for held in counts.held_elsewhere:
+        key = {k: v for k, v in held.items() if k != "held_by"}
+        match = frame.index[(frame[list(key)] == pd.Series(key)).all(axis=1)]
+        position = int(match[0]) + 1 if len(match) else 0
+        raw = frame.loc[match[0]].to_json(force_ascii=False, default_handler=str) if len(
+            match) else str(key)
+        rejected.append(RejectedRow(
+            position, raw, f"key {key} is already held by {held['held_by']}: not overwritten",
+            key=None))
+    return rejected
+
+
+def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
+                outcome: TransformedPages) -> dict:
+    """Each page in a transaction of its own, with the partition's progress checkpoint: the
+    checkpoint never runs ahead of the rows it vouches for."""
+    landing = getattr(context.resources, LANDING_KEY)
+    progress = committed_progress(engine, spec.name, key)
+    done = (progress.pages_committed
+            if progress is not None and progress.run_id == context.run_id else 0)
+    totals: dict[str, int] = {}
+    rows = rejected = 0
+    for page in outcome.pages:
+        rows += page.rows
+        rejected += len(page.rejected)
+        if page.number <= done:
+            continue  # committed by this run before its load step was retried
+        frame = landing.read_frame(page.frame_path)
+        next_cursor = _cursor(page.landed.next_cursor)
+
+        def commit_progress(connection, counts: LoadCounts, page=page, next_cursor=next_cursor):
+            replace_quarantine(connection, spec.name, key, context.run_id, page.rejected,
+                               append=page.number > 1)
+            save_progress(connection, spec.name, key, page.number, next_cursor, context.run_id)
+
+        counts = load_partition(engine, spec.load_target, frame, key, context.run_id,
+                                within_transaction=commit_progress, whole_partition=False)
+        for name, n in counts.as_dict().items():
+            totals[name] = totals.get(name, 0) + n
+        landing.discard_frame(page.frame_path)
+    first = outcome.pages[0].landed if outcome.pages else None
+    return {
+        **{name: totals.get(name, 0) for name in LoadCounts.figures()},
+        "rejected": rejected, "pages": len(outcome.pages),
+        "resumed_after_page": outcome.resumed_after_page,
+        "dagster/row_count": rows, "table": spec.table.name,
+        "fetched_at": first.fetched_at.isoformat() if first else "",
+    }
 
 
 def _materialized_partitions(context: OpExecutionContext, run_id: str,

@@ -35,11 +35,12 @@ exactly (encoded by ``pgpq``), else through Arrow's CSV writer.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import enum
 import io
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -103,6 +104,18 @@ class LoadMode(enum.StrEnum):
     """Incremental: newer versions win, older ones never overwrite; nothing deleted by absence."""
 
 
+class KeyHeldElsewhere(enum.StrEnum):
+    """What happens to an incoming row whose natural key is stored under another partition value
+    (only possible when the partition column is not part of the natural key)."""
+
+    MOVE = "move"
+    """The row moves to this partition (a synced record updated into a later window)."""
+
+    REJECT = "reject"
+    """The row is rejected to quarantine and the stored row stays where it is (two delivery
+    files claiming the same waybill line: never a silent overwrite)."""
+
+
 @dataclass(frozen=True)
 class LoadTarget:
     """Where and how a source's rows are written."""
@@ -112,6 +125,9 @@ class LoadTarget:
     partition_column: str
     mode: LoadMode
     version_column: str | None = None
+    tombstone_column: str | None = None
+    partition_value_of: Callable[[str], Any] | None = None
+    key_held_elsewhere: KeyHeldElsewhere = KeyHeldElsewhere.MOVE
 
     @property
     def columns(self) -> list[str]:
@@ -119,9 +135,16 @@ class LoadTarget:
 
     def partition_value(self, partition_key: str) -> Any:
         """The partition key as the partition column stores it."""
+        if self.partition_value_of is not None:
+            return self.partition_value_of(partition_key)
         if isinstance(self.table.c[self.partition_column].type, Date):
             return date.fromisoformat(partition_key)
         return partition_key
+
+    def partition_scope(self, partition_key: str) -> str:
+        """What the business lock and the ledger are keyed by: the partition column's value, so
+        that two keys of one value (two versions of one file) take turns and share a history."""
+        return str(self.partition_value(partition_key))
 
 
 @dataclass(frozen=True)
@@ -132,13 +155,25 @@ class LoadCounts:
     updated: int
     unchanged: int
     deleted: int
+    ignored_older: int = 0
+    """Merge-by-version: rows not written because the table holds a newer version."""
+    tombstoned: int = 0
+    """Merge-by-version: records this load marked deleted."""
+    held_elsewhere: tuple[dict, ...] = ()
+    """Rows not loaded because their key is stored under another partition value (policy
+    ``reject``): each the row's natural key and ``held_by``, the value holding it."""
 
     @property
     def written(self) -> int:
         return self.inserted + self.updated + self.deleted
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.figures()}
+
+    @staticmethod
+    def figures() -> tuple[str, ...]:
+        """The counts a load reports (its materialisation's metadata)."""
+        return ("inserted", "updated", "unchanged", "deleted", "ignored_older", "tombstoned")
 
 
 class PartitionSuperseded(Exception):
@@ -165,20 +200,29 @@ class KeptRows:
 
 def load_partition(
     engine: Engine, target: LoadTarget, frame: pd.DataFrame, partition_key: str, run_id: str,
-    within_transaction: Callable[[Connection], None] | None = None, *,
+    within_transaction: Callable[[Connection, LoadCounts], None] | None = None, *,
     fetched_at: datetime | None = None, kept: KeptRows | None = None,
+    whole_partition: bool = True,
 ) -> LoadCounts:
     """Make ``target`` hold exactly ``frame`` for the partition, in one transaction, keeping the
     ``kept`` rows; ``within_transaction`` writes what must commit with it (the partition's
-    quarantine). ``fetched_at`` is when the frame's payload was fetched: if the partition already
-    holds a later fetch, :class:`PartitionSuperseded` is raised and nothing is written."""
+    quarantine, a sync's progress checkpoint), given the load's counts. ``fetched_at`` is when
+    the frame's payload was fetched: if the partition already holds a later fetch,
+    :class:`PartitionSuperseded` is raised and nothing is written.
+
+    ``whole_partition=False`` loads one page of a partition (merge-by-version only): no digest
+    is trusted or recorded and the ledger keeps the partition's last whole load."""
     frame = frame[target.columns]
     table_name = target.table.name
+    scope = target.partition_scope(partition_key)
     kept = kept if kept is not None and kept.any else None
+    if not whole_partition and target.mode is not LoadMode.MERGE_BY_VERSION:
+        raise ValueError(f"{table_name}: only merge-by-version loads a partition page by page")
     with engine.begin() as connection:
-        lock_partition(connection, table_name, partition_key)
-        previous = last_load(connection, table_name, partition_key)
-        _refuse_older_payload(previous, fetched_at, target, partition_key)
+        lock_partition(connection, table_name, scope)
+        previous = last_load(connection, table_name, scope)
+        if whole_partition:
+            _refuse_older_payload(previous, fetched_at, target, partition_key)
         if connection.dialect.name == "postgresql":
             session = begin_postgresql_load(
                 connection, table_name, run_id,
@@ -187,24 +231,27 @@ def load_partition(
             # A load that keeps rejected rows' stored versions leaves more than its rows: no
             # digest describes that, so none is recorded or trusted.
             digest = (rows_digest(rows, target.mode)
-                      if session.digests_guarded and kept is None else None)
+                      if session.digests_guarded and kept is None and whole_partition else None)
             if digest is not None and previous is not None and digest == previous.content_digest:
                 counts = LoadCounts(inserted=0, updated=0, unchanged=rows.num_rows, deleted=0)
             else:
                 counts = _load_postgresql(connection, target, rows, partition_key, session,
-                                          {"run_id": run_id, "now": session.now}, kept)
-            record_load(connection, table_name, partition_key, rows.num_rows, digest,
-                        run_id, session.now, fetched_at)
+                                          {"run_id": run_id, "now": session.now}, kept,
+                                          compare_stored=whole_partition)
+            if whole_partition:
+                record_load(connection, table_name, scope, rows.num_rows, digest,
+                            run_id, session.now, fetched_at)
         else:
             now = datetime.now(UTC)
             stage = _create_stage(connection, target.table, target.columns)
             _insert_into_stage(connection, stage, frame)
             counts = _merge_stage(connection, target, stage, len(frame), partition_key,
                                   {"run_id": run_id, "now": now}, kept=kept)
-            record_load(connection, table_name, partition_key, len(frame), None, run_id, now,
-                        fetched_at)
+            if whole_partition:
+                record_load(connection, table_name, scope, len(frame), None, run_id, now,
+                            fetched_at)
         if within_transaction is not None:
-            within_transaction(connection)
+            within_transaction(connection, counts)
     return counts
 
 
@@ -222,9 +269,10 @@ def _refuse_older_payload(previous: LastLoad | None, fetched_at: datetime | None
 
 def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
                      partition_key: str, session: PostgresqlLoad,
-                     bookkeeping: dict[str, Any], kept: KeptRows | None) -> LoadCounts:
+                     bookkeeping: dict[str, Any], kept: KeptRows | None, *,
+                     compare_stored: bool = True) -> LoadCounts:
     partition_value = target.partition_value(partition_key)
-    if not (session.utf8 and _comparable_key(target, rows)):
+    if not (compare_stored and session.utf8 and _comparable_key(target, rows)):
         # Keys Arrow cannot match as the database does: stage everything, the SQL decides.
         pending, vanished = None, None
     else:
@@ -248,8 +296,10 @@ def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
     deleted = counts.deleted
     if vanished is not None and vanished.num_rows:
         deleted = _delete_listed(connection, target, vanished, partition_value)
-    return LoadCounts(inserted=counts.inserted, updated=counts.updated,
-                      unchanged=rows.num_rows - counts.inserted - counts.updated, deleted=deleted)
+    return dataclasses.replace(
+        counts, deleted=deleted,
+        unchanged=(rows.num_rows - counts.inserted - counts.updated - counts.ignored_older
+                   - len(counts.held_elsewhere)))
 
 
 def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, staged: int,
@@ -258,14 +308,24 @@ def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, stage
     """Steps 3-5 against a filled stage; the stage is dropped afterwards."""
     columns = target.columns
     dialect = connection.dialect
-    if target.partition_column not in target.natural_key and _execute_exists(
-        connection, loading_sql.rows_moving_in_from_other_partitions(
-            dialect, target.table, stage, target.natural_key, target.partition_column)
-    ):
-        # The update below moves rows out of other partitions: their digests no longer describe
-        # them. (Such a load holds the table's writes lock exclusively: no other load of the
-        # table is in flight to record a digest this check cannot see.)
-        forget_digests(connection, target.table.name)
+    held_elsewhere: tuple[dict, ...] = ()
+    if target.partition_column not in target.natural_key:
+        if target.key_held_elsewhere is KeyHeldElsewhere.REJECT:
+            held_elsewhere = _unstage_keys_held_elsewhere(connection, target, stage)
+        elif _execute_exists(connection, loading_sql.rows_moving_in_from_other_partitions(
+                dialect, target.table, stage, target.natural_key, target.partition_column)):
+            # The update below moves rows out of other partitions: their digests no longer
+            # describe them. (Such a load holds the table's writes lock exclusively: no other
+            # load of the table is in flight to record a digest this check cannot see.)
+            forget_digests(connection, target.table.name)
+    ignored_older = tombstoned = 0
+    if target.mode is LoadMode.MERGE_BY_VERSION and target.version_column:
+        ignored_older = _count(connection, loading_sql.count_older_versions(
+            dialect, target.table, stage, target.natural_key, target.version_column))
+        if target.tombstone_column:
+            tombstoned = _count(connection, loading_sql.count_new_tombstones(
+                dialect, target.table, stage, target.natural_key, target.version_column,
+                target.tombstone_column))
     updated = _execute(connection, loading_sql.update_changed_rows(
         dialect, target.table, stage, target.natural_key, columns, target.version_column
     ), bookkeeping)
@@ -286,8 +346,29 @@ def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, stage
             connection.exec_driver_sql(f"DROP TABLE {_quote(connection, kept_keys.name)}")
     connection.exec_driver_sql(f"DROP TABLE {_quote(connection, stage.name)}")
     return LoadCounts(
-        inserted=inserted, updated=updated, unchanged=staged - inserted - updated, deleted=deleted
+        inserted=inserted, updated=updated, deleted=deleted, ignored_older=ignored_older,
+        unchanged=staged - inserted - updated - ignored_older - len(held_elsewhere),
+        tombstoned=tombstoned, held_elsewhere=held_elsewhere,
     )
+
+
+def _unstage_keys_held_elsewhere(connection: Connection, target: LoadTarget,
+                                 stage: Table) -> tuple[dict, ...]:
+    """Take out of the stage the rows whose keys another partition value holds, and say which
+    (policy ``reject``): they go to quarantine, the stored rows stay where they are."""
+    dialect = connection.dialect
+    held = connection.execute(text(loading_sql.select_keys_held_elsewhere(
+        dialect, target.table, stage, target.natural_key, target.partition_column)))
+    rows = tuple({**dict(zip(target.natural_key, row[:-1], strict=True)), "held_by": row[-1]}
+                 for row in held)
+    if rows:
+        connection.execute(text(loading_sql.delete_staged_keys_held_elsewhere(
+            dialect, target.table, stage, target.natural_key, target.partition_column)))
+    return rows
+
+
+def _count(connection: Connection, sql: str) -> int:
+    return int(connection.execute(text(sql)).scalar_one())
 
 
 def _stage_kept_keys(connection: Connection, target: LoadTarget,

@@ -77,6 +77,49 @@ def rows_moving_in_from_other_partitions(
     )
 
 
+def count_older_versions(
+    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
+    version_column: str,
+) -> str:
+    """Merge-by-version: how many stage rows the table already holds in a newer version."""
+    t, s, v = _q(dialect, table.name), _q(dialect, stage.name), _q(dialect, version_column)
+    return (f"SELECT count(*) FROM {s} JOIN {t} ON {_key_match(dialect, t, s, natural_key)} "
+            f"WHERE {t}.{v} > {s}.{v}")
+
+
+def count_new_tombstones(
+    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
+    version_column: str, tombstone_column: str,
+) -> str:
+    """Merge-by-version: how many stage rows mark a record deleted that the table holds alive
+    (in an older version) or does not hold at all."""
+    t, s = _q(dialect, table.name), _q(dialect, stage.name)
+    v, d = _q(dialect, version_column), _q(dialect, tombstone_column)
+    return (f"SELECT count(*) FROM {s} LEFT JOIN {t} ON {_key_match(dialect, t, s, natural_key)} "
+            f"WHERE {s}.{d} AND ({t}.{v} IS NULL OR ({s}.{v} > {t}.{v} AND NOT {t}.{d}))")
+
+
+def select_keys_held_elsewhere(
+    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
+    partition_column: str,
+) -> str:
+    """The stage's natural keys that the table holds under another partition value, with it."""
+    t, s, p = _q(dialect, table.name), _q(dialect, stage.name), _q(dialect, partition_column)
+    keys = ", ".join(f"{s}.{_q(dialect, k)}" for k in natural_key)
+    return (f"SELECT {keys}, {t}.{p} FROM {s} JOIN {t} ON {_key_match(dialect, t, s, natural_key)} "
+            f"WHERE {t}.{p} IS DISTINCT FROM {s}.{p}")
+
+
+def delete_staged_keys_held_elsewhere(
+    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
+    partition_column: str,
+) -> str:
+    """Take out of the stage the rows whose keys the table holds under another partition value."""
+    t, s, p = _q(dialect, table.name), _q(dialect, stage.name), _q(dialect, partition_column)
+    return (f"DELETE FROM {s} WHERE EXISTS (SELECT 1 FROM {t} WHERE "
+            f"{_key_match(dialect, t, s, natural_key)} AND {t}.{p} IS DISTINCT FROM {s}.{p})")
+
+
 def delete_vanished_rows(
     dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
     partition_column: str, kept: Table | None = None,

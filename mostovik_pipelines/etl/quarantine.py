@@ -47,29 +47,31 @@ quarantined_rows = Table(
 
 def replace_quarantine(
     bind: Engine | Connection, source: str, partition_key: str, run_id: str,
-    rejected: Sequence[RejectedRow],
+    rejected: Sequence[RejectedRow], *, append: bool = False,
 ) -> None:
-    """Make the partition's quarantine hold exactly ``rejected``: in the caller's transaction
+    """Make the partition's quarantine hold exactly ``rejected`` (or add them to it, for the
+    later pages of a paged partition, ``append``): in the caller's transaction
     when given a connection (the load's, so data and quarantine commit together), else in a
     transaction of its own. Either way it takes the lock of the partition's quarantine, so two
     runs replacing it at once take turns."""
     if isinstance(bind, Engine):
         with bind.begin() as connection:
-            _replace_quarantine(connection, source, partition_key, run_id, rejected)
+            _replace_quarantine(connection, source, partition_key, run_id, rejected, append)
     else:
-        _replace_quarantine(bind, source, partition_key, run_id, rejected)
+        _replace_quarantine(bind, source, partition_key, run_id, rejected, append)
 
 
 def _replace_quarantine(
     connection: Connection, source: str, partition_key: str, run_id: str,
-    rejected: Sequence[RejectedRow],
+    rejected: Sequence[RejectedRow], append: bool,
 ) -> None:
     now = datetime.now(UTC)
     lock_partition(connection, quarantined_rows.name, f"{source}/{partition_key}")
-    connection.execute(delete(quarantined_rows).where(
-        quarantined_rows.c.source == source,
-        quarantined_rows.c.partition_key == partition_key,
-    ))
+    if not append:
+        connection.execute(delete(quarantined_rows).where(
+            quarantined_rows.c.source == source,
+            quarantined_rows.c.partition_key == partition_key,
+        ))
     if rejected:
         connection.execute(insert(quarantined_rows), [
             {"source": source, "partition_key": partition_key, "run_id": run_id,

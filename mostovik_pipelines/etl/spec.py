@@ -16,7 +16,7 @@ import pandas as pd
 from dagster import BackfillPolicy, ConfigurableResource, PartitionsDefinition
 from sqlalchemy import Table
 
-from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
+from mostovik_pipelines.etl.loading import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.runs_in_flight import ConcurrentRunPolicy
 
@@ -37,12 +37,25 @@ class PartitionNotAvailable(Exception):
 
 
 @dataclass(frozen=True)
+class PageCursor:
+    """Where the next page of a paged source's partition starts: the source's own next-page
+    token, and the sort key of the last item already received, to restart from when the token
+    has expired (a window narrowed to start after that item)."""
+
+    token: str | None = None
+    resume_after: Mapping[str, Any] | None = None
+    """JSON-able values (ISO text for instants): they are kept in the progress checkpoint."""
+
+
+@dataclass(frozen=True)
 class ExtractRequest:
-    """What a source's extract function gets: the partition and the source's I/O resource."""
+    """What a source's extract function gets: the partition and the source's I/O resource; for
+    a paged source, the cursor of the page to fetch (None: the first page)."""
 
     source: str
     partition_key: str
     resource: Any
+    cursor: PageCursor | None = None
 
 
 @dataclass(frozen=True)
@@ -53,17 +66,25 @@ class RawPayload:
     content_type: str = "application/octet-stream"
     origin: str = ""
     """Where the bytes came from (URL without credentials, file name), for the landing record."""
+    next_cursor: PageCursor | None = None
+    """Paged sources: where the partition's next page starts; None after the last page."""
+    published_at: datetime | None = None
+    """When the source published these bytes, when that is earlier than the fetch and known (a
+    file's modification time): a partition never goes back to bytes published earlier."""
 
 
 @dataclass(frozen=True)
 class TransformRequest:
-    """What a source's transform function gets: the landed bytes and their fetch context."""
+    """What a source's transform function gets: the landed bytes and their fetch context; for a
+    paged source, the cursor the page was fetched with (a page fetched with a narrowed window
+    may repeat items up to and including ``cursor.resume_after``: drop them)."""
 
     source: str
     partition_key: str
     content: bytes
     content_type: str
     fetched_at: datetime
+    cursor: PageCursor | None = None
 
 
 @dataclass(frozen=True)
@@ -135,13 +156,30 @@ class SourceSpec:
     when unset. Only used with MOSTOVIK_EXECUTOR=celery."""
     max_runtime_seconds: int = 15 * 60
     """A run taking longer is hung: run monitoring fails it and ``jobs list --stuck`` shows it."""
+    paged: bool = False
+    """The source delivers a partition in pages (:class:`PageCursor`): each page is landed,
+    transformed and committed on its own, with the partition's progress checkpoint in the same
+    transaction, so a re-run resumes after the last committed page (:mod:`.sync_progress`)."""
+    tombstone_column: str | None = None
+    """Merge-by-version: the boolean column that marks a record deleted at the source (kept and
+    flagged, never deleted from the table)."""
+    partition_value: Callable[[str], Any] | None = None
+    """The partition column's value for a partition key, when it is not the key itself (a file
+    version ``name@hash`` stores its file ``name``). Loads of one value take turns, and the
+    value's last load decides what is superseded."""
+    key_held_elsewhere: KeyHeldElsewhere = KeyHeldElsewhere.MOVE
+    """What a row does whose natural key is stored under another partition value (possible only
+    when the partition column is not part of the key)."""
+    sensor: Callable[[SourceSpec, Any], Any] | None = None
+    """Builds the source's sensor from the spec and its job (a file inbox's new-file sensor)."""
 
     @property
     def load_target(self) -> LoadTarget:
         return LoadTarget(
             table=self.table, natural_key=tuple(self.natural_key),
             partition_column=self.partition_column, mode=self.load_mode,
-            version_column=self.version_column,
+            version_column=self.version_column, tombstone_column=self.tombstone_column,
+            partition_value_of=self.partition_value, key_held_elsewhere=self.key_held_elsewhere,
         )
 
     def __post_init__(self) -> None:
@@ -156,5 +194,8 @@ class SourceSpec:
                 f"source {self.name}: concurrent_run_wait_seconds "
                 f"({self.concurrent_run_wait_seconds:.0f}) must stay below max_runtime_seconds "
                 f"({self.max_runtime_seconds}), or a run waiting its turn is failed as hung")
+        if self.tombstone_column is not None and self.tombstone_column not in columns:
+            raise ValueError(f"source {self.name}: tombstone column {self.tombstone_column!r} "
+                             f"is not in {self.table.name}")
         if not 0.0 <= self.max_rejected_share < 1.0:
             raise ValueError(f"source {self.name}: max_rejected_share must be in [0, 1)")

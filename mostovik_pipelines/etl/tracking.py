@@ -54,7 +54,10 @@ from mostovik_pipelines.settings import EXECUTOR_ENV
 if TYPE_CHECKING:
     from mostovik_pipelines.etl.spec import SourceSpec
 
-LOAD_COUNT_KEYS = ("inserted", "updated", "unchanged", "deleted", "rejected")
+LOAD_COUNT_KEYS = ("inserted", "updated", "unchanged", "deleted", "ignored_older", "tombstoned",
+                   "rejected", "pages")
+PARTITION_ONLY_KEYS = ("resumed_after_page",)
+"""Per-partition figures that add up to nothing across partitions."""
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 
 
@@ -294,7 +297,8 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
             materialization = event.event_specific_data.materialization
             per_partition[materialization.partition or "-"] = {
                 key: int(materialization.metadata[key].value)
-                for key in LOAD_COUNT_KEYS if key in materialization.metadata
+                for key in (*LOAD_COUNT_KEYS, *PARTITION_ONLY_KEYS)
+                if key in materialization.metadata
             }
         elif event.event_type is DagsterEventType.ASSET_OBSERVATION:
             metadata = event.event_specific_data.asset_observation.metadata

@@ -5,6 +5,8 @@ Layout under ``base_dir``::
 
     <source>/<partition>/blobs/<sha256>.bin          content, stored once per distinct hash
     <source>/<partition>/fetches/<fetched_at>-<hash12>.json   one record per fetch
+    <source>/<partition>/fetches/<fetched_at>-<hash12>-<run>-p<page>.json   a page's fetch
+    <source>/<partition>/frames/<run>-p<page>.pickle   a page's validated rows, until loaded
 
 Writes are atomic (temporary file, then rename), so a process killed mid-write leaves no torn
 file behind. In a distributed deployment ``base_dir`` is a path every worker can reach.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -40,6 +43,12 @@ class LandedPayload:
     blob_path: str
     run_id: str = ""
     """The run that fetched it: a retried step resumes with what its own run already landed."""
+    page: int | None = None
+    """Paged sources: the page's number within the partition's sync (1 = first page)."""
+    cursor: dict | None = None
+    """Paged sources: the cursor the page was fetched with (token, resume_after)."""
+    next_cursor: dict | None = None
+    """Paged sources: where the next page starts; None after the last page."""
 
 
 class LandingStoreResource(ConfigurableResource):
@@ -49,7 +58,8 @@ class LandingStoreResource(ConfigurableResource):
 
     def land(
         self, source: str, partition_key: str, content: bytes, *, content_type: str,
-        origin: str, fetched_at: datetime, run_id: str = "",
+        origin: str, fetched_at: datetime, run_id: str = "", page: int | None = None,
+        cursor: dict | None = None, next_cursor: dict | None = None,
     ) -> LandedPayload:
         """Keep ``content`` and record the fetch; identical content is stored once."""
         content_hash = hashlib.sha256(content).hexdigest()
@@ -60,9 +70,13 @@ class LandingStoreResource(ConfigurableResource):
         payload = LandedPayload(
             source=source, partition_key=partition_key, content_hash=content_hash,
             content_type=content_type, fetched_at=fetched_at, size_bytes=len(content),
-            origin=origin, blob_path=str(blob), run_id=run_id,
+            origin=origin, blob_path=str(blob), run_id=run_id, page=page, cursor=cursor,
+            next_cursor=next_cursor,
         )
-        record = folder / "fetches" / f"{fetched_at:%Y%m%dT%H%M%S%fZ}-{content_hash[:12]}.json"
+        name = f"{fetched_at:%Y%m%dT%H%M%S%fZ}-{content_hash[:12]}"
+        if page is not None:
+            name += f"-{run_id}-p{page:07d}"
+        record = folder / "fetches" / f"{name}.json"
         _write_atomically(record, json.dumps(asdict(payload), default=str, indent=1).encode())
         return payload
 
@@ -78,14 +92,37 @@ class LandingStoreResource(ConfigurableResource):
     def latest(self, source: str, partition_key: str) -> LandedPayload | None:
         """The most recent fetch landed for the partition, if any."""
         fetches = sorted((self._partition_dir(source, partition_key) / "fetches").glob("*.json"))
-        if not fetches:
-            return None
-        record = json.loads(fetches[-1].read_text())
-        record["fetched_at"] = datetime.fromisoformat(record["fetched_at"])
-        return LandedPayload(**record)
+        return _record(fetches[-1]) if fetches else None
+
+    def pages_landed_by(self, source: str, partition_key: str,
+                        run_id: str) -> list[LandedPayload]:
+        """The pages ``run_id`` landed for the partition, in page order."""
+        folder = self._partition_dir(source, partition_key) / "fetches"
+        pages = [_record(path) for path in folder.glob(f"*-{run_id}-p*.json")]
+        return sorted(pages, key=lambda landed: landed.page or 0)
+
+    def keep_frame(self, page: LandedPayload, frame) -> str:
+        """Keep a landed page's validated rows (a pandas frame) beside it until its load
+        commits, so that a paged partition is never held in memory whole."""
+        path = (Path(page.blob_path).parent.parent / "frames"
+                / f"{page.run_id}-p{page.page or 0:07d}.pickle")
+        _write_atomically(path, pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL))
+        return str(path)
+
+    def read_frame(self, path: str):
+        return pickle.loads(Path(path).read_bytes())
+
+    def discard_frame(self, path: str) -> None:
+        Path(path).unlink(missing_ok=True)
 
     def _partition_dir(self, source: str, partition_key: str) -> Path:
         return Path(self.base_dir) / quote(source, safe="") / quote(partition_key, safe="")
+
+
+def _record(path: Path) -> LandedPayload:
+    record = json.loads(path.read_text())
+    record["fetched_at"] = datetime.fromisoformat(record["fetched_at"])
+    return LandedPayload(**record)
 
 
 def _write_atomically(path: Path, content: bytes) -> None:

@@ -25,9 +25,11 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Integer,
     MetaData,
     String,
     Table,
+    Text,
     UniqueConstraint,
     event,
 )
@@ -63,6 +65,24 @@ partition_loads = Table(
            comment="when the payload of the last load was fetched from the source; a load of "
                    "an older payload is refused as superseded"),
     comment="The last load of every partition of every target table.",
+)
+
+
+sync_progress = Table(
+    "sync_progress",
+    metadata,
+    Column("source", String(128), primary_key=True),
+    Column("partition_key", String(255), primary_key=True),
+    Column("pages_committed", Integer, nullable=False),
+    Column("next_page_token", Text, nullable=True,
+           comment="the source's token for the next page, while it honours it"),
+    Column("resume_after", Text, nullable=True,
+           comment="JSON sort key of the last committed item: restart point once the token "
+                   "has expired"),
+    Column("run_id", String(64), nullable=False, comment="run that committed the last page"),
+    Column("committed_at", DateTime(timezone=True), nullable=False),
+    comment="Progress of paged partitions (sync windows) still being loaded; written in the "
+            "transaction of each page's rows, deleted with the last page.",
 )
 
 
