@@ -34,7 +34,7 @@ from mostovik_pipelines.etl.quarantine import quarantined_rows, replace_quaranti
 from mostovik_pipelines.etl.spec import RejectedRow
 from mostovik_pipelines.resources import HttpSourceResource, WarehouseResource
 from mostovik_pipelines.resources.warehouse import warehouse_engine
-from mostovik_pipelines.sources import cbr_daily_rates
+from mostovik_pipelines.sources import cbr_daily_rates, erp_work_orders
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
@@ -160,6 +160,43 @@ def test_an_api_token_and_a_url_password_never_leave_the_environment(
         assert _files_containing(tmp_path, secret) == []
 
 
+def test_the_erp_token_never_leaves_the_environment(
+    pg_warehouse_url, standin_server, standin, tmp_path, monkeypatch
+):
+    """The sync source's bearer token, through pages, an expired page token, a retry and a
+    refused request: it is in the Authorization header and nowhere else."""
+    token = "erp-" + os.urandom(12).hex()
+    monkeypatch.setenv("MOSTOVIK_TEST_ERP_TOKEN", token)
+    standin.reset_erp()
+    standin.set_erp_token(token)
+    standin.set_erp_volume("2026-11-03", 250)
+    source = dataclasses.replace(erp_work_orders.SOURCE, extract_retry=FAST_RETRY)
+    location = code_location_for(
+        pg_warehouse_url, standin_server, tmp_path, [source],
+        erp_work_orders_source=HttpSourceResource(
+            base_url=standin_server.erp_url, token=EnvVar("MOSTOVIK_TEST_ERP_TOKEN"),
+            timeout_seconds=2.0),
+    )
+    job = location.resolve_job_def("erp_work_orders_job")
+    standin.fault("expire_token", route="erp", page=2, match="updated_from=2026-11-03")
+    standin.fault("status", route="erp", status=503, match="updated_from=2026-11-04")
+    try:
+        with DagsterInstance.ephemeral() as instance:
+            results = [job.execute_in_process(partition_key=p, instance=instance,
+                                              raise_on_error=False)
+                       for p in ("2026-11-03", "2026-11-04")]
+            standin.set_erp_token(token + "-rotated")
+            refused = job.execute_in_process(partition_key="2026-11-05", instance=instance,
+                                             raise_on_error=False)
+            dumps = _instance_dump(instance)
+    finally:
+        standin.reset_erp()
+    assert [r.success for r in results] == [True, True] and not refused.success
+    assert any("HTTP 401" in d for d in dumps)
+    assert _leaks(token, *dumps) == []
+    assert _files_containing(tmp_path, token) == []
+
+
 # --- listening addresses ------------------------------------------------------------------------
 
 
@@ -196,7 +233,7 @@ def test_sql_builders_take_identifiers_only_and_quote_them():
     keyword-only flag that picks between two fixed texts (``binary``)."""
     identifier_parameters = {"dialect", "table", "stage", "listed", "natural_key", "data_columns",
                              "columns", "version_column", "partition_column", "table_name",
-                             "text_keys"}
+                             "text_keys", "kept", "tombstone_column"}
     builders = [f for name, f in inspect.getmembers(loading_sql, inspect.isfunction)
                 if f.__module__ == loading_sql.__name__ and not name.startswith("_")]
     assert builders

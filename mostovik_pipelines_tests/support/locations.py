@@ -29,6 +29,9 @@ def code_location_for(warehouse_url: str, standin_server: StandinServer, work_di
             "cbr_daily_rates_source": HttpSourceResource(
                 base_url=standin_server.cbr_url, timeout_seconds=2.0
             ),
+            "erp_work_orders_source": HttpSourceResource(
+                base_url=standin_server.erp_url, timeout_seconds=2.0
+            ),
             **resources,
         },
     )

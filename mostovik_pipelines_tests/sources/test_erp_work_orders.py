@@ -1,0 +1,224 @@
+"""The work-orders sync against the ERP stand-in: merge by version, tombstones, records moving
+between windows, and progress that resumes after the last committed page."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+import pandas as pd
+import psycopg
+import pytest
+
+from mostovik_pipelines.etl.tracking import load_job
+from mostovik_pipelines.sources import erp_work_orders
+from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
+from mostovik_pipelines_tests.support.postgres import dsn_of
+from mostovik_pipelines_tests.support.processes import DAGSTER, run_environment
+from mostovik_pipelines_tests.support.runs import run_partition
+
+MOSCOW = ZoneInfo("Europe/Moscow")
+DAYS = ["2026-11-02", "2026-11-03", "2026-11-04"]
+COMPARED = ("id", "object_code", "title", "status", "planned_start", "planned_finish", "amount",
+            "version", "deleted")
+
+
+@pytest.fixture
+def erp(standin):
+    standin.reset_erp()
+    for day in DAYS:
+        standin.set_erp_volume(day, 120)
+    yield standin
+    standin.reset_erp()
+
+
+@pytest.fixture
+def source():
+    return dataclasses.replace(erp_work_orders.SOURCE, extract_retry=FAST_RETRY,
+                               load_retry=FAST_RETRY)
+
+
+@pytest.fixture
+def erp_job(warehouse_url, standin_server, tmp_path, source):
+    location = code_location_for(warehouse_url, standin_server, tmp_path, [source])
+    return location.resolve_job_def("erp_work_orders_job")
+
+
+def _at(day: str, hour: int, minute: int = 0) -> str:
+    return datetime.combine(date.fromisoformat(day), datetime.min.time(), MOSCOW).replace(
+        hour=hour, minute=minute).isoformat()
+
+
+def _oracle(standin, days) -> dict[str, dict]:
+    items = {}
+    for day in days:
+        start, end = erp_work_orders.window_bounds(day)
+        for item in standin.erp_window_state(start.isoformat(), end.isoformat()):
+            items[item["id"]] = item
+    return items
+
+
+def _table(url: str) -> dict[str, dict]:
+    from mostovik_pipelines_tests.support.warehouse import table_rows
+
+    return {row["id"]: row for row in table_rows(url, "erp_work_orders")}
+
+
+def _same(row: dict, item: dict) -> bool:
+    expected = {**item, "amount": Decimal(item["amount"]),
+                "planned_start": item["planned_start"] and date.fromisoformat(
+                    item["planned_start"]),
+                "planned_finish": item["planned_finish"] and date.fromisoformat(
+                    item["planned_finish"])}
+    actual = {**row, "amount": Decimal(str(row["amount"]))}
+    return all(actual[k] == expected[k] for k in COMPARED)
+
+
+def _assert_equals_source(url: str, standin, days) -> None:
+    table, oracle = _table(url), _oracle(standin, days)
+    assert set(table) == set(oracle), (set(table) ^ set(oracle))
+    different = [i for i in oracle if not _same(table[i], oracle[i])]
+    assert not different, [(table[i], oracle[i]) for i in different[:3]]
+
+
+def test_windows_in_any_order_give_the_table_a_sync_in_order_gives(
+    erp_job, erp, warehouse_url, instance
+):
+    late = "WO-20261102-000007"
+    erp.update_erp_work_order(late, _at("2026-11-04", 10), status="done", amount="1.50")
+    erp.delete_erp_work_order("WO-20261102-000011", _at("2026-11-03", 9))
+    erp.delete_erp_work_order("WO-20261103-000004", _at("2026-11-04", 11))
+    erp.restore_erp_work_order("WO-20261103-000004", _at("2026-11-04", 12), status="planned")
+    for day in ("2026-11-04", "2026-11-02", "2026-11-03", "2026-11-02"):
+        assert run_partition(erp_job, day, instance).success
+    _assert_equals_source(warehouse_url, erp, DAYS)
+    table = _table(warehouse_url)
+    assert table[late]["window_date"] == date(2026, 11, 4), "a later change moves the record"
+    assert table["WO-20261102-000011"]["deleted"] is True, "a tombstone is kept, flagged"
+    assert table["WO-20261103-000004"]["deleted"] is False, "a newer version restores it"
+
+
+def test_an_old_window_re_run_after_newer_ones_never_overwrites_a_newer_version(
+    erp_job, erp, warehouse_url, instance
+):
+    for day in DAYS:
+        assert run_partition(erp_job, day, instance).success
+    record = "WO-20261102-000020"
+    erp.update_erp_work_order(record, _at("2026-11-04", 15), amount="999.00")
+    assert run_partition(erp_job, "2026-11-04", instance).success
+    newer = _table(warehouse_url)[record]
+    assert run_partition(erp_job, "2026-11-02", instance).success
+    assert _table(warehouse_url)[record]["version"] == newer["version"]
+    assert _table(warehouse_url)[record]["window_date"] == date(2026, 11, 4)
+    _assert_equals_source(warehouse_url, erp, DAYS)
+
+
+def test_a_tombstone_of_a_record_never_loaded_keeps_an_older_version_from_resurrecting_it(
+    warehouse_url
+):
+    from mostovik_pipelines.etl.loading import load_partition
+    from mostovik_pipelines.resources.warehouse import warehouse_engine
+
+    def version(number: int, deleted: bool, day: str) -> pd.DataFrame:
+        return pd.DataFrame([{
+            "id": "WO-X", "object_code": "BR-014", "title": "Опалубка", "status": "planned",
+            "planned_start": None, "planned_finish": None, "amount": Decimal("10.00"),
+            "updated_at": pd.Timestamp(_at(day, 9)).tz_convert("UTC"), "version": number,
+            "deleted": deleted, "window_date": date.fromisoformat(day)}])
+
+    engine, target = warehouse_engine(warehouse_url), erp_work_orders.SOURCE.load_target
+    counts = load_partition(engine, target, version(2**40, True, "2026-11-04"), "2026-11-04",
+                            "run-1", whole_partition=False)
+    assert (counts.inserted, counts.tombstoned) == (1, 1)
+    counts = load_partition(engine, target, version(2**33, False, "2026-11-02"), "2026-11-02",
+                            "run-2", whole_partition=False)
+    assert (counts.updated, counts.ignored_older) == (0, 1)
+    row = _table(warehouse_url)["WO-X"]
+    assert row["deleted"] is True and row["version"] == 2**40
+    assert row["window_date"] == date(2026, 11, 4)
+
+
+def test_figures_show_new_updated_unchanged_older_and_tombstoned(
+    erp_job, erp, warehouse_url, instance
+):
+    first = run_partition(erp_job, "2026-11-03", instance)
+    figures = load_job(instance, first.run_id).per_partition["2026-11-03"]
+    assert (figures["inserted"], figures["pages"]) == (120, 2)
+    erp.update_erp_work_order("WO-20261103-000001", _at("2026-11-03", 23, 30), amount="5.00")
+    erp.delete_erp_work_order("WO-20261103-000002", _at("2026-11-03", 23, 40))
+    again = load_job(instance, run_partition(erp_job, "2026-11-03", instance).run_id)
+    figures = again.per_partition["2026-11-03"]
+    assert figures["updated"] == 2 and figures["tombstoned"] == 1
+    assert figures["unchanged"] == 118
+    assert again.status.value == "completed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interruption", ["kill", "expired_token"])
+def test_a_sync_resumes_after_its_last_committed_page_and_ends_exact(
+    interruption, tmp_path, pg_warehouse_url, standin_server, erp, monkeypatch
+):
+    day = "2026-11-05"
+    erp.set_erp_volume(day, 2000)  # 20 pages of 100
+    env = {**run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url),
+           "MOSTOVIK_ERP_URL": standin_server.erp_url}
+    erp.forget_requests()
+    if interruption == "kill":
+        process = _start_sync(day, env, tmp_path)
+        _wait_for_committed_pages(pg_warehouse_url, day, 5, process)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        committed = _committed_pages(pg_warehouse_url, day)
+    else:
+        erp.fault("expire_token", route="erp", page=4, match=f"updated_from={day}")
+        committed = 0
+    asked_before = len(erp.requests("erp"))
+    rerun = _start_sync(day, env, tmp_path)
+    output, _ = rerun.communicate(timeout=180)
+    assert rerun.returncode == 0, output[-3000:]
+    asked = erp.requests("erp")[asked_before:]
+    if interruption == "kill":
+        assert committed >= 5
+        assert len(asked) == 20 - committed, "a committed page was fetched again"
+    assert _committed_pages(pg_warehouse_url, day) is None, "a finished window keeps no checkpoint"
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    _assert_equals_source(pg_warehouse_url, erp, [day])
+
+
+def _start_sync(day: str, env: dict, cwd) -> subprocess.Popen:
+    return subprocess.Popen(
+        [DAGSTER, "job", "execute", "-m", "mostovik_pipelines", "-j", "erp_work_orders_job",
+         "--tags", json.dumps({"dagster/partition": day})],
+        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+
+
+def _committed_pages(url: str, day: str) -> int | None:
+    with psycopg.connect(dsn_of(url)) as connection:
+        row = connection.execute(
+            "SELECT pages_committed FROM sync_progress WHERE source = 'erp_work_orders' "
+            "AND partition_key = %s", (day,)).fetchone()
+    return row[0] if row else None
+
+
+def _wait_for_committed_pages(url: str, day: str, pages: int, process, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        if (_committed_pages(url, day) or 0) >= pages:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{pages} pages were never committed")
+
+
+def test_the_window_is_moscow_time_by_default():
+    start, end = erp_work_orders.window_bounds("2026-11-03")
+    assert start.utcoffset() == timedelta(hours=3)
+    assert (end - start) == timedelta(days=1)
