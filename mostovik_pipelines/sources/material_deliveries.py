@@ -1,0 +1,604 @@
+"""Material delivery reports from construction sites (a file job): what each site received, one
+row per waybill line, keyed by waybill number and line number.
+
+Sites send CSV or XLSX exports of their own spreadsheets, so the format drifts: UTF-8 (with or
+without a BOM) or windows-1251, ``;``, tab or ``,`` between cells, decimal commas with spaces,
+no-break or narrow no-break spaces between thousands (``1 234,50``) or decimal points,
+``DD.MM.YYYY`` text or real Excel dates, title rows above the header, header names in any case
+and spacing, extra columns and any column order. Waybill numbers are text (leading zeros count).
+
+Choices. A file starting with a ZIP signature is read as XLSX, anything else as CSV text. CSV
+text is decoded by its BOM (UTF-8, or UTF-16 as Excel's "Unicode text" writes it), else as
+strict UTF-8, else as windows-1251: cp1251 Cyrillic is almost never valid UTF-8, while cp1251
+decodes nearly any byte, so that order cannot mistake one for the other. The delimiter is the one
+of ``;`` (Excel's choice where the decimal separator is a comma), tab and ``,`` under which a row
+of the first ten holds the header; ties go in that order. Rows a spreadsheet shows as empty are
+not rows. XLSX: the first worksheet in workbook order is read (a report is one table; other
+sheets are notes or lookups); cells are read as values cached by Excel, never evaluated, and a
+workbook that could be a zip bomb, links outside itself or carries macros is refused unread.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import csv
+import io
+import json
+import re
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from functools import partial
+from typing import Any
+
+import pandas as pd
+import python_calamine
+from dagster import BackfillPolicy, DynamicPartitionsDefinition
+from sqlalchemy import Column, Date, Index, Integer, String
+
+from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.etl.inbox_sensor import new_file_versions_sensor
+from mostovik_pipelines.etl.loading import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.etl.retries import RetryPolicy
+from mostovik_pipelines.etl.spec import (
+    ExtractRequest,
+    JobType,
+    LoadedPartition,
+    ParsedRows,
+    RawPayload,
+    RejectedRow,
+    SourceSpec,
+    TransformRequest,
+)
+from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
+from mostovik_pipelines.settings import data_dir, setting
+from mostovik_pipelines.warehouse.schema import warehouse_table
+from mostovik_pipelines.warehouse.types import ExactDecimal
+
+COLUMNS = (
+    "delivery_date", "object_code", "waybill", "line_no", "material", "unit", "quantity",
+    "price", "supplier", "source_file", "file_version",
+)
+# The report's header as the sites' template spells it, and the column each header fills.
+HEADERS = {
+    "Дата поставки": "delivery_date",
+    "Объект": "object_code",
+    "Накладная": "waybill",
+    "Строка": "line_no",
+    "Материал": "material",
+    "Ед. изм.": "unit",
+    "Количество": "quantity",
+    "Цена": "price",
+    "Поставщик": "supplier",
+}
+HEADER_SEARCH_ROWS = 10
+# A row of the header search holding at least this many header names is taken for a header
+# with columns missing rather than for a title row.
+HEADER_MIN_NAMES = 2
+CSV_DELIMITERS = (";", "\t", ",")
+LARGEST_LINE_NO = 2**31 - 1  # an INTEGER column
+
+MB = 1024 * 1024
+# Zip bomb limits, checked on the declared sizes before anything is decompressed. Real XLSX
+# unpack to 5-15x their size; a bomb to hundreds or thousands of times.
+UNCOMPRESSED_PER_INPUT_BYTE = 20
+MAX_UNCOMPRESSED_BYTES = 200 * MB
+MAX_MEMBER_RATIO = 100
+RATIO_CHECKED_FROM_BYTES = 1 * MB  # small parts compress absurdly well and are harmless
+MAX_ZIP_MEMBERS = 10_000
+XLSX_MAIN_CONTENT_TYPE = (
+    b"application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"
+)
+EXTERNAL_TARGET = re.compile(rb"""TargetMode\s*=\s*["']External["']""")
+DATE_1904 = re.compile(rb"""date1904\s*=\s*["'](?:1|true)["']""")
+
+# Excel's 1900 date system counts a 29 February 1900 that never was (serial 60), so the serials
+# of real dates start from 30 December 1899; nobody delivered anything before March 1900.
+EXCEL_EPOCH = date(1899, 12, 30)
+EXCEL_1904_EPOCH = date(1904, 1, 1)
+FIRST_REAL_1900_SERIAL = 61
+
+TEXT_DATE = re.compile(r"(\d{1,2})\.(\d{1,2})\.(\d{4})")
+# Digits grouped by thousands with a space, a no-break, narrow no-break or thin space, or not
+# grouped; a decimal comma or point.
+NUMBER = re.compile(r"-?(?:\d{1,3}(?:[ \u00a0\u202f\u2009]\d{3})+|\d+)(?:[.,]\d+)?")
+THOUSANDS_SEPARATORS = str.maketrans("", "", " \u00a0\u202f\u2009")
+# Control characters never appear in a text report: bytes that decode to them are binary data
+# or an encoding we do not read.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+Cell = Any  # str from CSV; str, float, int, bool, date, datetime, time or timedelta from XLSX
+
+
+@dataclass(frozen=True)
+class _Sheet:
+    """The non-empty rows of a file as (row number a spreadsheet shows, cells), and how it was
+    read, for messages."""
+
+    rows: list[tuple[int, list[Cell]]]
+    described: str
+    date_1904: bool = False
+    strict_width: bool = False
+    """Whether a filled cell right of the header's last column rejects the row. In CSV it means
+    a delimiter in an unquoted cell (``12,5`` in a ``,``-delimited file) shifted the row; XLSX
+    cells cannot shift, and a note typed beside the table is no defect."""
+
+
+def parse_delivery_report(content: bytes, file_name: str, file_version: str,
+                          max_bytes: int) -> ParsedRows:
+    """The rows of one delivery report, typed as :data:`COLUMNS`; a row that cannot be read is
+    rejected with its reason (quarantined), the file as a whole must be a readable report."""
+    if len(content) > max_bytes:
+        raise DataValidationError(
+            f"{file_name}: {len(content):,} bytes is over the limit of {max_bytes:,} bytes"
+        )
+    sheet = _read_sheet(content, file_name, max_bytes)
+    header_at, positions = _locate_header(sheet, file_name)
+    data_rows = sheet.rows[header_at + 1:]
+    if not data_rows:
+        raise SourceContractError(f"{file_name}: no data rows below the header ({sheet.described})")
+    readers = {**_READERS, "delivery_date": partial(_delivery_date, date_1904=sheet.date_1904)}
+    plan = [(name, column, positions[column], readers[column])
+            for name, column in HEADERS.items()]
+    header_width = len(sheet.rows[header_at][1])
+    records, rejected = [], []
+    for row_number, cells in data_rows:
+        values, problems = _parse_row(cells, plan)
+        if sheet.strict_width and not _is_empty(cells[header_width:]):
+            problems.append(
+                f"has {len(cells)} cells where the header has {header_width}: a delimiter "
+                f"inside an unquoted cell?"
+            )
+        if problems:
+            rejected.append(RejectedRow(
+                row_number=row_number,
+                raw=json.dumps(cells, ensure_ascii=False, default=_json_cell),
+                reason="; ".join(problems),
+                key=_readable_key(values, file_name),
+            ))
+        else:
+            records.append((*values.values(), file_name, file_version))
+    frame = pd.DataFrame.from_records(records, columns=_RECORD_COLUMNS)[list(COLUMNS)]
+    frame["line_no"] = frame["line_no"].astype("int64")
+    return ParsedRows(frame, rejected)
+
+
+_RECORD_COLUMNS = [*HEADERS.values(), "source_file", "file_version"]
+
+
+def _read_sheet(content: bytes, file_name: str, max_bytes: int) -> _Sheet:
+    if content.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return _read_xlsx(content, file_name, max_bytes)
+    if content.startswith(b"%PDF-"):
+        raise SourceContractError(f"{file_name}: a PDF document, not a CSV or XLSX report")
+    if content.startswith(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"):
+        raise SourceContractError(
+            f"{file_name}: a legacy .xls or password-protected workbook, not a CSV or XLSX "
+            f"report (save it as .xlsx or CSV without a password)"
+        )
+    return _read_csv(content, file_name)
+
+
+# CSV
+
+
+def _read_csv(content: bytes, file_name: str) -> _Sheet:
+    text, encoding = _decode(content, file_name)
+    if not text.strip():
+        raise SourceContractError(f"{file_name}: the file is empty, no data rows")
+    # Only the first rows are parsed per delimiter; the chosen one then reads the whole file.
+    best = max(CSV_DELIMITERS, key=lambda d: _header_score(_csv_rows(text, d, file_name,
+                                                                     HEADER_SEARCH_ROWS)))
+    return _Sheet(_csv_rows(text, best, file_name),
+                  f"read as {encoding}, {_DELIMITER_NAMES[best]}", strict_width=True)
+
+
+_DELIMITER_NAMES = {";": "';'-delimited", "\t": "tab-delimited", ",": "','-delimited"}
+
+
+def _decode(content: bytes, file_name: str) -> tuple[str, str]:
+    if content.startswith(codecs.BOM_UTF8):
+        candidates = [("utf-8", content[len(codecs.BOM_UTF8):])]
+    elif content.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        candidates = [("utf-16", content)]
+    else:
+        candidates = [("utf-8", content), ("windows-1251", content)]
+    for encoding, data in candidates:
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        control = CONTROL_CHARACTER.search(text)
+        if control:
+            raise SourceContractError(
+                f"{file_name}: not CSV text: binary data or an unreadable encoding (character "
+                f"U+{ord(control.group()):04X} at position {control.start()} when read as "
+                f"{encoding})"
+            )
+        return text, encoding
+    raise SourceContractError(
+        f"{file_name}: not CSV text: binary data or an unreadable encoding (neither "
+        f"{' nor '.join(encoding for encoding, _ in candidates)})"
+    )
+
+
+def _csv_rows(text: str, delimiter: str, file_name: str,
+              limit: int | None = None) -> list[tuple[int, list[Cell]]]:
+    """Non-empty records numbered as a spreadsheet numbers them: blank lines count, a quoted
+    cell spanning lines does not."""
+    rows: list[tuple[int, list[Cell]]] = []
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        for number, cells in enumerate(reader, 1):
+            if any(cell.strip() for cell in cells):
+                rows.append((number, cells))
+                if limit is not None and len(rows) >= limit:
+                    break
+    except csv.Error as exc:
+        raise SourceContractError(
+            f"{file_name}: not readable CSV near line {reader.line_num} ({exc})"
+        ) from exc
+    return rows
+
+
+# XLSX
+
+
+def _read_xlsx(content: bytes, file_name: str, max_bytes: int) -> _Sheet:
+    """The first worksheet's rows, read by calamine (Rust) once the archive passed
+    :func:`_check_xlsx`. Calamine returns the values Excel cached and evaluates no formula; its
+    zip reader stops a part at its declared size (checked here), and its XML parser (quick-xml)
+    expands no entity: a reference to one declared in a DTD fails the read."""
+    date_1904 = _check_xlsx(content, file_name, max_bytes)
+    try:
+        with python_calamine.CalamineWorkbook.from_filelike(io.BytesIO(content)) as book:
+            first = next((index for index, sheet in enumerate(book.sheets_metadata)
+                          if sheet.typ == python_calamine.SheetTypeEnum.WorkSheet), None)
+            if first is None:
+                raise SourceContractError(f"{file_name}: the workbook has no worksheet")
+            sheet = book.get_sheet_by_index(first)
+            grid = sheet.to_python(skip_empty_area=False)
+    except python_calamine.CalamineError as exc:
+        raise SourceContractError(f"{file_name}: unreadable XLSX ({exc})") from exc
+    rows = [(number, cells) for number, cells in enumerate(grid, 1) if not _is_empty(cells)]
+    if not rows:
+        raise SourceContractError(f"{file_name}: worksheet {sheet.name!r} is empty, no data rows")
+    return _Sheet(rows, f"worksheet {sheet.name!r}", date_1904)
+
+
+def _check_xlsx(content: bytes, file_name: str, max_bytes: int) -> bool:
+    """Refuse what is not a plain XLSX or is dangerous to unpack, before any part is inflated;
+    whether the workbook counts dates from 1904."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(content))
+    except zipfile.BadZipFile as exc:
+        raise SourceContractError(f"{file_name}: a damaged ZIP archive ({exc})") from exc
+    with archive:
+        members = archive.infolist()
+        names = {member.filename for member in members}
+        if not {"[Content_Types].xml", "xl/workbook.xml"} <= names:
+            raise SourceContractError(
+                f"{file_name}: a ZIP archive that is not an XLSX workbook (no xl/workbook.xml)"
+            )
+        if len(names) != len(members):
+            # Readers disagree on which of two same-named parts counts.
+            raise SourceContractError(f"{file_name}: the XLSX archive repeats a part's name")
+        _refuse_zip_bomb(members, file_name, max_bytes)
+        if any(name.startswith("xl/externalLinks/") for name in names):
+            raise SourceContractError(f"{file_name}: the workbook links to other workbooks")
+        if "xl/vbaProject.bin" in names:
+            raise SourceContractError(
+                f"{file_name}: a macro-enabled workbook (.xlsm), not an XLSX report"
+            )
+        try:
+            content_types, workbook, relationships = [
+                archive.read(name) if name in names else b""
+                for name in ("[Content_Types].xml", "xl/workbook.xml", "xl/_rels/workbook.xml.rels")
+            ]
+        except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError,
+                NotImplementedError) as exc:
+            raise SourceContractError(f"{file_name}: a damaged XLSX archive ({exc})") from exc
+    if XLSX_MAIN_CONTENT_TYPE not in content_types:
+        raise SourceContractError(
+            f"{file_name}: not an XLSX workbook (a template, macro-enabled or other OOXML file)"
+        )
+    if EXTERNAL_TARGET.search(relationships):
+        raise SourceContractError(
+            f"{file_name}: the workbook has external relationships (links outside the file)"
+        )
+    return bool(DATE_1904.search(workbook))
+
+
+def _refuse_zip_bomb(members: Sequence[zipfile.ZipInfo], file_name: str, max_bytes: int) -> None:
+    if len(members) > MAX_ZIP_MEMBERS:
+        raise SourceContractError(f"{file_name}: {len(members):,} parts in the XLSX archive")
+    limit = min(MAX_UNCOMPRESSED_BYTES, UNCOMPRESSED_PER_INPUT_BYTE * max_bytes)
+    total = sum(member.file_size for member in members)
+    if total > limit:
+        raise SourceContractError(
+            f"{file_name}: the XLSX unpacks to {total:,} bytes, over the limit of {limit:,} "
+            f"(a zip bomb?)"
+        )
+    for member in members:
+        ratio = member.file_size / max(member.compress_size, 1)
+        if member.file_size >= RATIO_CHECKED_FROM_BYTES and ratio > MAX_MEMBER_RATIO:
+            raise SourceContractError(
+                f"{file_name}: {member.filename} is compressed {ratio:,.0f} to 1, more than "
+                f"{MAX_MEMBER_RATIO} to 1 (a zip bomb?)"
+            )
+
+
+# Header
+
+
+def _normalised(cell: Cell) -> str:
+    """A header name as compared: case, spaces and dots do not count (``Ед.изм.``, ``ЕД. ИЗМ``)."""
+    return re.sub(r"[\s.]+", "", str(cell)).casefold().replace("ё", "е")
+
+
+_KNOWN_HEADERS = {_normalised(name): name for name in HEADERS}
+
+
+def _header_names(cells: Iterable[Cell]) -> dict[str, list[int]]:
+    """The report's header names in a row, each with the positions it stands at."""
+    found: dict[str, list[int]] = {}
+    for position, cell in enumerate(cells):
+        name = _KNOWN_HEADERS.get(_normalised(cell))
+        if name is not None:
+            found.setdefault(name, []).append(position)
+    return found
+
+
+def _header_score(rows: Sequence[tuple[int, list[Cell]]]) -> int:
+    return max((len(_header_names(cells)) for _, cells in rows), default=0)
+
+
+def _locate_header(sheet: _Sheet, file_name: str) -> tuple[int, dict[str, int]]:
+    """The header's index among the sheet's rows, and each column's position in a row."""
+    searched = sheet.rows[:HEADER_SEARCH_ROWS]
+    candidates = [(len(_header_names(cells)), index) for index, (_, cells) in enumerate(searched)]
+    found, index = max(candidates, key=lambda c: (c[0], -c[1]))
+    if found < HEADER_MIN_NAMES:
+        raise SourceContractError(
+            f"{file_name}: no header row ({', '.join(HEADERS)}) in the first "
+            f"{len(searched)} rows ({sheet.described})"
+        )
+    row_number, cells = sheet.rows[index]
+    names = _header_names(cells)
+    missing = [name for name in HEADERS if name not in names]
+    if missing:
+        raise SourceContractError(
+            f"{file_name}: the header in row {row_number} lacks the columns "
+            f"{', '.join(missing)} ({sheet.described})"
+        )
+    repeated = {name: positions for name, positions in names.items() if len(positions) > 1}
+    if repeated:
+        name, positions = next(iter(repeated.items()))
+        raise SourceContractError(
+            f"{file_name}: the header in row {row_number} has the column {name} "
+            f"{len(positions)} times"
+        )
+    return index, {HEADERS[name]: positions[0] for name, positions in names.items()}
+
+
+# Rows
+
+
+def _is_empty(cells: Iterable[Cell]) -> bool:
+    return all(cell is None or (isinstance(cell, str) and not cell.strip()) for cell in cells)
+
+
+def _parse_row(cells: list[Cell], plan: Sequence[tuple[str, str, int, Callable[[Cell], Any]]],
+               ) -> tuple[dict[str, Any], list[str]]:
+    """The row's values by column in the plan's order (``None`` where unreadable), and what was
+    wrong with it. The plan: (header, column, position in the row, reader) per column."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    width = len(cells)
+    for name, column, position, read in plan:
+        cell = cells[position] if position < width else ""
+        try:
+            values[column] = read(cell)
+        except ValueError as defect:
+            values[column] = None
+            problems.append(f"{name} {_shown(cell)} {defect}")
+    return values, problems
+
+
+def _shown(cell: Cell) -> str:
+    text = cell if isinstance(cell, str) else str(cell)
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _readable_key(values: dict[str, Any], file_name: str) -> dict[str, Any] | None:
+    if values["waybill"] is None or values["line_no"] is None:
+        return None
+    return {"source_file": file_name, "waybill": values["waybill"], "line_no": values["line_no"]}
+
+
+def _json_cell(cell: Any) -> str:
+    return cell.isoformat() if hasattr(cell, "isoformat") else str(cell)
+
+
+def _text(cell: Cell) -> str:
+    if type(cell) is str:  # the common case first: most cells of most files are text
+        return cell.strip()
+    if isinstance(cell, float) and cell.is_integer():
+        return str(int(cell))  # a code typed into a numeric cell: 784512, not 784512.0
+    return cell.strip() if isinstance(cell, str) else str(cell)
+
+
+def _waybill(cell: Cell) -> str:
+    if isinstance(cell, float) and not cell.is_integer():
+        raise ValueError("is a fractional number, not a waybill number")
+    text = _text(cell)
+    if not text:
+        raise ValueError("is empty: the waybill number is part of the row's key")
+    return text
+
+
+def _line_no(cell: Cell) -> int:
+    if isinstance(cell, float) and cell.is_integer():
+        number = int(cell)
+    elif isinstance(cell, int) and not isinstance(cell, bool):
+        number = cell
+    elif isinstance(cell, str) and cell.strip().isdecimal() and cell.strip().isascii():
+        number = int(cell.strip())
+    elif isinstance(cell, str) and not cell.strip():
+        raise ValueError("is empty: the line number is part of the row's key")
+    else:
+        raise ValueError("is not a positive whole number")
+    if not 0 < number <= LARGEST_LINE_NO:
+        raise ValueError("is not a positive whole number")
+    return number
+
+
+def _amount(cell: Cell) -> Decimal:
+    """An exact decimal: a number typed into a cell (the shortest decimal that reads back as
+    Excel's double) or text with a decimal comma or point and spaces between thousands."""
+    if isinstance(cell, str):
+        text = cell.strip()
+        if not text:
+            raise ValueError("is empty")
+        if not NUMBER.fullmatch(text):
+            raise ValueError("is not a number")
+        try:
+            amount = Decimal(text.translate(THOUSANDS_SEPARATORS).replace(",", "."))
+        except InvalidOperation as exc:
+            raise ValueError("is not a number") from exc
+    elif isinstance(cell, float) and cell.is_integer():
+        amount = Decimal(int(cell))
+    elif isinstance(cell, int | float) and not isinstance(cell, bool):
+        amount = Decimal(repr(cell))
+    else:
+        raise ValueError("is not a number")
+    if not amount.is_finite():
+        raise ValueError("is not a number")
+    if amount < 0:
+        raise ValueError("is negative")
+    return amount
+
+
+def _delivery_date(cell: Cell, *, date_1904: bool) -> date:
+    if isinstance(cell, str):
+        text = cell.strip()
+        if not text:
+            raise ValueError("is empty")
+        match = TEXT_DATE.fullmatch(text)
+        if match:
+            try:
+                return date(int(match[3]), int(match[2]), int(match[1]))
+            except ValueError as exc:
+                raise ValueError("is not a date") from exc
+    elif isinstance(cell, datetime):
+        return cell.date()
+    elif isinstance(cell, date):
+        return cell
+    elif isinstance(cell, int | float) and not isinstance(cell, bool):
+        return _excel_serial_date(cell, date_1904)
+    raise ValueError("is not a date in DD.MM.YYYY")
+
+
+def _excel_serial_date(serial: float, date_1904: bool) -> date:
+    """A date typed as a plain number: Excel's day count (its date cells arrive as dates)."""
+    epoch, first = (EXCEL_1904_EPOCH, 0) if date_1904 else (EXCEL_EPOCH, FIRST_REAL_1900_SERIAL)
+    with contextlib.suppress(ValueError, OverflowError):  # NaN, infinity, past the year 9999
+        days = int(serial)
+        if days >= first:
+            return epoch + timedelta(days=days)
+    raise ValueError("is not an Excel date")
+
+
+# How each column's cell is read; the date's reader also needs the workbook's date system.
+_READERS: dict[str, Callable[[Cell], Any]] = {
+    "object_code": _text,
+    "waybill": _waybill,
+    "line_no": _line_no,
+    "material": _text,
+    "unit": _text,
+    "quantity": _amount,
+    "price": _amount,
+    "supplier": _text,
+}
+
+
+# --- the source ----------------------------------------------------------------------------------
+
+MAX_FILE_BYTES = int(setting("MOSTOVIK_INBOX_MAX_FILE_BYTES", str(50 * 1024 * 1024)))
+
+material_deliveries_file_versions = DynamicPartitionsDefinition(
+    name="material_deliveries_file_versions")
+
+material_deliveries = warehouse_table(
+    "material_deliveries",
+    Column("delivery_date", Date, nullable=False),
+    Column("object_code", String(64), nullable=False, comment="construction site or bridge"),
+    Column("waybill", String(64), nullable=False,
+           comment="waybill number as written (leading zeros kept)"),
+    Column("line_no", Integer, nullable=False, comment="line of the waybill"),
+    Column("material", String(500), nullable=False),
+    Column("unit", String(32), nullable=False),
+    Column("quantity", ExactDecimal(), nullable=False, comment="exact, as reported"),
+    Column("price", ExactDecimal(), nullable=False, comment="roubles per unit, exact"),
+    Column("supplier", String(500), nullable=False),
+    Column("source_file", String(255), nullable=False,
+           comment="the report's file name as it was in the inbox"),
+    Column("file_version", String(300), nullable=False,
+           comment="<file name>@<content hash>: the version the row came from"),
+    Index("ix_material_deliveries_source_file", "source_file"),
+    natural_key=("waybill", "line_no"),
+)
+
+
+def extract(request: ExtractRequest) -> RawPayload:
+    """The file version's bytes, from the inbox or (re-processing) the archive."""
+    content, modified_at = request.resource.read_version(request.partition_key)
+    name = file_name_of(request.partition_key)
+    return RawPayload(content=content, content_type=_content_type(content), origin=name,
+                      published_at=modified_at)
+
+
+def transform(request: TransformRequest) -> ParsedRows:
+    return parse_delivery_report(request.content, file_name_of(request.partition_key),
+                                 request.partition_key, MAX_FILE_BYTES)
+
+
+def archive_loaded_file(loaded: LoadedPartition) -> None:
+    loaded.resource.archive(loaded.partition_key, loaded.outcome, loaded.run_id)
+
+
+def _content_type(content: bytes) -> str:
+    if content.startswith(b"PK\x03\x04"):
+        return "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+    return "text/csv"
+
+
+SOURCE = SourceSpec(
+    name="material_deliveries",
+    job_type=JobType.FILE,
+    description=__doc__.split("\n\n")[0].replace("\n", " "),
+    partitions_def=material_deliveries_file_versions,
+    table=material_deliveries,
+    natural_key=("waybill", "line_no"),
+    partition_column="source_file",
+    partition_value=file_name_of,
+    key_held_elsewhere=KeyHeldElsewhere.REJECT,
+    load_mode=LoadMode.REPLACE_PARTITION,
+    extract=extract,
+    transform=transform,
+    resource=InboxResource(
+        inbox_dir=setting("MOSTOVIK_INBOX_DIR", str(data_dir() / "inbox")),
+        archive_dir=setting("MOSTOVIK_ARCHIVE_DIR", str(data_dir() / "archive")),
+        max_file_bytes=MAX_FILE_BYTES,
+    ),
+    sensor=new_file_versions_sensor,
+    after_load=archive_loaded_file,
+    extract_retry=RetryPolicy(max_attempts=3, base_delay_seconds=1.0),
+    max_rejected_share=0.2,
+    backfill_policy=BackfillPolicy.single_run(),
+    max_runtime_seconds=30 * 60,
+)
