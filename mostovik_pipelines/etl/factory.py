@@ -85,6 +85,7 @@ from mostovik_pipelines.etl.runs_in_flight import (
 )
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
+    LoadedPartition,
     PageCursor,
     PartitionNotAvailable,
     RejectedRow,
@@ -220,7 +221,8 @@ def build_source_definitions(spec: SourceSpec) -> Definitions:
         tags={**business_tags(spec), "dagster/max_runtime": str(spec.max_runtime_seconds)},
     )
     schedules = [_schedule(spec, job)] if spec.schedule else []
-    return Definitions(assets=[source_asset], jobs=[job], schedules=schedules)
+    sensors = [spec.sensor(spec, job, source_resource_key(spec))] if spec.sensor else []
+    return Definitions(assets=[source_asset], jobs=[job], schedules=schedules, sensors=sensors)
 
 
 def _op_tags(spec: SourceSpec) -> dict[str, str]:
@@ -574,6 +576,7 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
             continue
         rejected += figures["rejected"]
         context.log.info(f"{spec.name} [{key}] loaded: {figures}")
+        _after_load(context, spec, key, "partial" if figures["rejected"] else "loaded")
         context.log_event(AssetMaterialization(
             asset_key=asset_key, partition=key,
             metadata={name: MetadataValue.int(n) if isinstance(n, int) else n
@@ -596,6 +599,17 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
     status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
                                   ranged=ranged)
     context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
+
+
+def _after_load(context: OpExecutionContext, spec: SourceSpec, key: str, outcome: str) -> None:
+    if spec.after_load is None:
+        return
+    try:
+        spec.after_load(LoadedPartition(spec.name, key,
+                                        getattr(context.resources, source_resource_key(spec)),
+                                        outcome, context.run_id))
+    except Exception as exc:  # the load is committed; what follows it must not undo the job
+        context.log.warning(f"{spec.name} [{key}]: after the load: {classify(exc).reason}")
 
 
 def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,

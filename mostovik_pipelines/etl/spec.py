@@ -110,6 +110,18 @@ class ParsedRows:
 
 
 @dataclass(frozen=True)
+class LoadedPartition:
+    """What a source's ``after_load`` gets: the committed partition and how it went."""
+
+    source: str
+    partition_key: str
+    resource: Any
+    outcome: str
+    """``loaded``, or ``partial`` when rows were quarantined."""
+    run_id: str
+
+
+@dataclass(frozen=True)
 class SourceSchedule:
     """When to refresh the newest partitions, and how many of them each tick asks for."""
 
@@ -170,8 +182,12 @@ class SourceSpec:
     key_held_elsewhere: KeyHeldElsewhere = KeyHeldElsewhere.MOVE
     """What a row does whose natural key is stored under another partition value (possible only
     when the partition column is not part of the key)."""
-    sensor: Callable[[SourceSpec, Any], Any] | None = None
-    """Builds the source's sensor from the spec and its job (a file inbox's new-file sensor)."""
+    sensor: Callable[[SourceSpec, Any, str], Any] | None = None
+    """Builds the source's sensor from the spec, its job and its resource's key (a file inbox's
+    new-file sensor, :mod:`.inbox_sensor`)."""
+    after_load: Callable[[LoadedPartition], None] | None = None
+    """What the source does with its input once a partition is committed (an inbox archives
+    the file version). A failure here is logged; the committed load stands."""
 
     @property
     def load_target(self) -> LoadTarget:

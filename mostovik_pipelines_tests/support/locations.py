@@ -10,6 +10,7 @@ from dagster import Definitions, FilesystemIOManager
 from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
+from mostovik_pipelines.resources.inbox import InboxResource
 from mostovik_pipelines.standin import StandinServer
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2)
@@ -31,6 +32,9 @@ def code_location_for(warehouse_url: str, standin_server: StandinServer, work_di
             ),
             "erp_work_orders_source": HttpSourceResource(
                 base_url=standin_server.erp_url, timeout_seconds=2.0
+            ),
+            "material_deliveries_source": InboxResource(
+                inbox_dir=str(work_dir / "inbox"), archive_dir=str(work_dir / "archive")
             ),
             **resources,
         },

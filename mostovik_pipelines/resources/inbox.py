@@ -1,0 +1,133 @@
+"""A folder that people drop files into (an inbox), and the archive files move to once loaded.
+
+Only regular files directly inside the inbox are seen: no symlink (in or out), no folder, no
+hidden or partial upload (``.name``, ``~$name``, ``*.part``, ``*.tmp``), no name that is not a
+plain file name. A file version is its name plus the first characters of its content's sha256,
+``<name>@<hash>``, so a corrected upload under the same name is a new version. Files are never
+deleted: a loaded one moves to the archive as ``<name>@<hash>`` with a note of its outcome, a
+failed one stays in the inbox for an operator to see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dagster import ConfigurableResource
+
+from mostovik_pipelines.etl.errors import DataValidationError, PermanentError
+
+VERSION_SEPARATOR = "@"
+HASH_CHARACTERS = 12
+IGNORED_SUFFIXES = (".part", ".tmp", ".crdownload")
+HASH_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class InboxFile:
+    """A file seen in the inbox: its name and what tells a changed file from an unchanged one."""
+
+    name: str
+    size: int
+    modified_ns: int
+
+
+def version_key(name: str, content_hash: str) -> str:
+    """The partition key of a file version."""
+    return f"{name}{VERSION_SEPARATOR}{content_hash[:HASH_CHARACTERS]}"
+
+
+def file_name_of(version: str) -> str:
+    """The file name a version key stands for."""
+    return version.rsplit(VERSION_SEPARATOR, 1)[0]
+
+
+class InboxResource(ConfigurableResource):
+    """The inbox folder, its archive, and the size over which a file is refused."""
+
+    inbox_dir: str
+    archive_dir: str
+    max_file_bytes: int = 50 * 1024 * 1024
+
+    def files(self) -> Iterator[InboxFile]:
+        """The files an inbox scan considers, cheaply (one directory read, no file opened)."""
+        os.makedirs(self.inbox_dir, exist_ok=True)
+        with os.scandir(self.inbox_dir) as entries:
+            for entry in entries:
+                if not _plain_name(entry.name) or entry.is_symlink():
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode):
+                    yield InboxFile(entry.name, info.st_size, info.st_mtime_ns)
+
+    def content_hash(self, name: str) -> str:
+        """The sha256 of an inbox file, read in chunks."""
+        digest = hashlib.sha256()
+        with self._open(name) as handle:
+            while chunk := handle.read(HASH_CHUNK_BYTES):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def read_version(self, version: str) -> tuple[bytes, datetime]:
+        """The bytes of a file version and when that version appeared, from the inbox or, once
+        archived, from the archive; refused when over the size limit or no longer anywhere."""
+        name = file_name_of(version)
+        for path in (Path(self.inbox_dir) / name, Path(self.archive_dir) / version):
+            try:
+                info = path.lstat()
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            if info.st_size > self.max_file_bytes:
+                raise DataValidationError(
+                    f"file {name!r} is {info.st_size} bytes, over the {self.max_file_bytes}-byte "
+                    "limit: not read")
+            content = _read_no_follow(path)
+            if version_key(name, hashlib.sha256(content).hexdigest()) == version:
+                return content, datetime.fromtimestamp(info.st_mtime, UTC)
+        raise PermanentError(
+            f"file version {version!r} is neither in the inbox (replaced by a newer upload, or "
+            "removed) nor in the archive")
+
+    def archive(self, version: str, outcome: str, run_id: str) -> None:
+        """Move the version from the inbox to the archive with a note of its outcome; a newer
+        upload under the same name stays in the inbox."""
+        name = file_name_of(version)
+        source, target = Path(self.inbox_dir) / name, Path(self.archive_dir) / version
+        note = {"file": name, "version": version, "outcome": outcome, "run_id": run_id,
+                "archived_at": datetime.now(UTC).isoformat()}
+        try:
+            current = version_key(name, self.content_hash(name))
+        except FileNotFoundError:
+            current = None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if current == version:
+            os.replace(source, target)
+        if target.exists():
+            Path(f"{target}.outcome.json").write_text(
+                json.dumps(note, ensure_ascii=False, indent=1))
+
+    def _open(self, name: str):
+        if not _plain_name(name):
+            raise PermanentError(f"{name!r} is not a plain file name")
+        fd = os.open(Path(self.inbox_dir) / name, os.O_RDONLY | os.O_NOFOLLOW)
+        return os.fdopen(fd, "rb")
+
+
+def _read_no_follow(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+def _plain_name(name: str) -> bool:
+    return (bool(name) and name == os.path.basename(name) and name not in (".", "..")
+            and not name.startswith((".", "~$")) and not name.endswith(IGNORED_SUFFIXES)
+            and "\x00" not in name)
