@@ -121,7 +121,9 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
     if source not in specs:
         click.echo(f"unknown source {source!r}; known: {', '.join(sorted(specs))}", err=True)
         return EXIT_USAGE
-    known = specs[source].partitions_def.get_partition_keys()
+    instance = DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else (
+        DagsterInstance.ephemeral())
+    known = specs[source].partitions_def.get_partition_keys(dynamic_partitions_store=instance)
     if last:
         partitions = [*partitions, *known[-last:]]
     unknown = [p for p in partitions if p not in known]
@@ -131,8 +133,6 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
         return EXIT_USAGE
 
     source_job = defs.resolve_job_def(f"{source}_job")
-    instance = DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else (
-        DagsterInstance.ephemeral())
     click.echo(f"{'partition':<12} {'status':<10} {'inserted':>8} {'updated':>8} "
                f"{'unchanged':>9} {'deleted':>8}  run / note")
     failed = 0
@@ -262,7 +262,10 @@ def jobs_show(run_id: str, as_json: bool) -> None:
 @click.argument("run_id", required=False)
 @click.option("--source", help="With --period: a fresh run of this source.")
 @click.option("--period", help="The partition key to run again.")
-def jobs_rerun(run_id: str | None, source: str | None, period: str | None) -> None:
+@click.option("--full-resync", is_flag=True,
+              help="With --period, a paged source: ignore an interrupted sync's progress.")
+def jobs_rerun(run_id: str | None, source: str | None, period: str | None,
+               full_resync: bool) -> None:
     """Re-run RUN_ID from its failure, or a fresh run for --source and --period."""
     from mostovik_pipelines.etl.recovery import rerun_from_failure, rerun_partition
     from mostovik_pipelines.etl.tracking import JobNotFound, JobStatus, load_job
@@ -281,9 +284,10 @@ def jobs_rerun(run_id: str | None, source: str | None, period: str | None) -> No
     else:
         _known_source(source)
         spec = next(s for s in ALL_SOURCES if s.name == source)
-        if period not in spec.partitions_def.get_partition_keys():
+        if period not in spec.partitions_def.get_partition_keys(
+                dynamic_partitions_store=instance):
             _fail(EXIT_USAGE, f"{source} has no period {period!r}")
-        new_run_id = rerun_partition(instance, source, period)
+        new_run_id = rerun_partition(instance, source, period, full_resync=full_resync)
     job = load_job(instance, new_run_id)
     click.echo(f"{new_run_id} {job.status.value}")
     if job.status is JobStatus.FAILED:

@@ -17,6 +17,7 @@ from mostovik_pipelines.etl.tags import (
     PARTITION_TAG,
     PID_TAG,
     RERUN_OF_TAG,
+    STATUS_TAG,
 )
 from mostovik_pipelines.etl.tracking import JobNotFound, latest_job_for
 
@@ -33,28 +34,38 @@ def _reconstructable(job_name: str):
 
 
 def rerun_from_failure(instance: DagsterInstance, run_id: str) -> str:
-    """Re-execute a failed run from its failed steps, keeping its partition and tags. Returns the
-    new run's id; its ``dagster/parent_run_id`` is ``run_id``."""
+    """Re-execute a run, keeping its partition and tags: a failed one from its failed steps, a
+    successful one whole (re-processing on purpose). Either way its partitions are fetched
+    again, never replayed from the stored outputs (see the factory). Returns the new run's id;
+    its ``dagster/parent_run_id`` is ``run_id``."""
     run = instance.get_run_by_id(run_id)
     if run is None:
         raise JobNotFound(f"no run {run_id} in run storage")
-    if run.status not in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
-        raise ValueError(f"run {run_id} is {run.status.value}, only a failed run is re-run "
-                         "from failure; use --source/--period for a fresh run")
-    kept = {k: v for k, v in run.tags.items() if not k.startswith(PROCESS_TAG_PREFIXES)}
+    if run.status is DagsterRunStatus.SUCCESS:
+        options = ReexecutionOptions(parent_run_id=run_id)
+    elif run.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+        options = ReexecutionOptions.from_failure(run_id, instance)
+    else:
+        raise ValueError(f"run {run_id} is {run.status.value}: only a finished run is re-run")
+    kept = {k: v for k, v in run.tags.items()
+            if not k.startswith(PROCESS_TAG_PREFIXES) and k != STATUS_TAG}
     result = execute_job(
-        _reconstructable(run.job_name), instance,
-        reexecution_options=ReexecutionOptions.from_failure(run_id, instance),
+        _reconstructable(run.job_name), instance, reexecution_options=options,
         tags={**kept, LAUNCHED_BY_TAG: "mostovik jobs rerun", RERUN_OF_TAG: run_id},
     )
     return result.run_id
 
 
-def rerun_partition(instance: DagsterInstance, source: str, partition: str) -> str:
-    """A fresh run of ``source`` for ``partition``, linked to the latest run it repeats."""
+def rerun_partition(instance: DagsterInstance, source: str, partition: str,
+                    full_resync: bool = False) -> str:
+    """A fresh run of ``source`` for ``partition``, linked to the latest run it repeats;
+    ``full_resync`` makes a paged source ignore the progress of an interrupted sync."""
     previous = latest_job_for(instance, source, partition)
     tags = {PARTITION_TAG: partition, LAUNCHED_BY_TAG: "mostovik jobs rerun"}
     if previous is not None:
         tags[RERUN_OF_TAG] = previous.run_id
-    result = execute_job(_reconstructable(f"{source}_job"), instance, tags=tags)
+    run_config = {"ops": {source: {"ops": {f"extract_{source}": {
+        "config": {"full_resync": True}}}}}} if full_resync else None
+    result = execute_job(_reconstructable(f"{source}_job"), instance, tags=tags,
+                         run_config=run_config)
     return result.run_id
