@@ -88,25 +88,31 @@ def materialize(source: str, partitions: Sequence[str], last: int | None) -> Non
 
 @main.command()
 @click.option("--days", default=7, show_default=True)
-def demo(days: int) -> None:
-    """Start the stand-in, migrate the local warehouse and load the newest daily CBR rates."""
+@click.option("--sync-days", default=3, show_default=True)
+def demo(days: int, sync_days: int) -> None:
+    """Start the stand-in, migrate the local warehouse, load the newest daily CBR rates and sync
+    the newest windows of ERP work orders."""
     from mostovik_pipelines.standin import StandinServer
     from mostovik_pipelines.warehouse import migrate
 
     server = StandinServer().start()
     migrate.upgrade(resolved_database_url())
     click.echo(f"stand-in at {server.url}; warehouse {resolved_database_url()}")
-    # The code location reads MOSTOVIK_CBR_URL when it loads, so the runs get a process of their
-    # own that starts with the stand-in's address.
+    # The code location reads the sources' URLs when it loads, so the runs get a process of
+    # their own that starts with the stand-in's addresses.
+    environment = {**os.environ, "MOSTOVIK_CBR_URL": server.cbr_url,
+                   "MOSTOVIK_ERP_URL": server.erp_url}
+    failed = 0
     try:
-        completed = subprocess.run(
-            [sys.executable, "-m", "mostovik_pipelines.cli", "materialize",
-             "--source", "cbr_daily_rates", "--last", str(days)],
-            env={**os.environ, "MOSTOVIK_CBR_URL": server.cbr_url}, check=False,
-        )
+        for source, last in (("cbr_daily_rates", days), ("erp_work_orders", sync_days)):
+            click.echo(f"\n{source}")
+            failed |= subprocess.run(
+                [sys.executable, "-m", "mostovik_pipelines.cli", "materialize",
+                 "--source", source, "--last", str(last)], env=environment, check=False,
+            ).returncode
     finally:
         server.stop()
-    sys.exit(completed.returncode)
+    sys.exit(failed)
 
 
 def _materialize(source: str, partitions: list[str], last: int | None) -> int:

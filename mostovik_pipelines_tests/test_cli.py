@@ -22,21 +22,28 @@ def _run(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
 
 
 def _summary(output: str) -> dict[str, list[str]]:
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("partition"))
-    return {line.split()[0]: line.split()[1:] for line in lines[start + 1:] if line.strip()}
+    """``source/partition`` -> its summary line's fields, for every source the output lists."""
+    rows, source = {}, ""
+    for line in output.splitlines():
+        fields = line.split()
+        if len(fields) == 1:
+            source = fields[0]
+        elif len(fields) > 5 and fields[0][:4].isdigit():
+            rows[f"{source}/{fields[0]}"] = fields[1:]
+    return rows
 
 
 @pytest.mark.slow
 def test_demo_loads_the_week_and_a_second_demo_changes_nothing(tmp_path):
     env = {"MOSTOVIK_DATA_DIR": str(tmp_path / "data")}
-    first = _run("demo", "--days", "3", env=env, cwd=tmp_path)
+    first = _run("demo", "--days", "3", "--sync-days", "2", env=env, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
+    assert "erp_work_orders" in first.stdout
     first_rows = _summary(first.stdout)
-    assert len(first_rows) == 3
+    assert len(first_rows) == 5
     assert (tmp_path / "data" / "warehouse.sqlite").exists()
 
-    second = _run("demo", "--days", "3", env=env, cwd=tmp_path)
+    second = _run("demo", "--days", "3", "--sync-days", "2", env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     for partition, (status, inserted, updated, unchanged, deleted, *_rest) in _summary(
         second.stdout
