@@ -149,12 +149,18 @@ def _page(content: bytes) -> dict:
 
 
 def _row(item: dict) -> dict:
+    missing = [name for name in FIELDS if name not in item]
+    if missing:
+        raise ValueError(f"fields {missing} are missing")
     status = item["status"]
     if status not in STATUSES:
         raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
-    amount = Decimal(str(item["amount"]))
+    try:
+        amount = Decimal(str(item["amount"]))
+    except InvalidOperation:
+        amount = Decimal("NaN")
     if not amount.is_finite():
-        raise ValueError(f"amount {item['amount']!r} is not a number")
+        raise ValueError(f"amount {str(item['amount'])[:40]!r} is not a decimal number")
     version = int(item["version"])
     if not 0 <= version < 2**63:
         raise ValueError(f"version {version} is beyond a 64-bit integer")
