@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster import DailyPartitionsDefinition
+from dagster import DailyPartitionsDefinition, DynamicPartitionsDefinition
 
 from mostovik_pipelines.settings import setting
 
@@ -13,3 +13,14 @@ cbr_daily_partition = DailyPartitionsDefinition(
     # A daily partition exists once its day is over: +1 adds today, +2 tomorrow.
     end_offset=2,
 )
+
+erp_work_orders_daily_partition = DailyPartitionsDefinition(
+    start_date=setting("MOSTOVIK_ERP_START_DATE", "2026-01-01"),
+    timezone=setting("MOSTOVIK_ERP_TIMEZONE", "Europe/Moscow"),
+    end_offset=1,  # today's window, still filling, is synced too
+)
+"""Daily windows of the work orders' ``updated_at``."""
+
+material_deliveries_file_versions = DynamicPartitionsDefinition(
+    name="material_deliveries_file_versions")
+"""One partition per delivery report file version, ``<name>@<hash>``, added by the sensor."""

@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
 import pandas as pd
-from dagster import BackfillPolicy, DailyPartitionsDefinition, EnvVar
+from dagster import BackfillPolicy, EnvVar
 from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Index, String, Text
 
 from mostovik_pipelines.etl.errors import (
@@ -38,6 +38,7 @@ from mostovik_pipelines.etl.spec import (
     SourceSpec,
     TransformRequest,
 )
+from mostovik_pipelines.partitions import erp_work_orders_daily_partition
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import warehouse_table
@@ -45,16 +46,10 @@ from mostovik_pipelines.warehouse.types import ExactDecimal
 
 WORK_ORDERS_PATH = "api/v1/work-orders"
 PAGE_SIZE = int(setting("MOSTOVIK_ERP_PAGE_SIZE", "100"))
-TIMEZONE = ZoneInfo(setting("MOSTOVIK_ERP_TIMEZONE", "Europe/Moscow"))
+TIMEZONE = ZoneInfo(erp_work_orders_daily_partition.timezone)
 STATUSES = ("planned", "in_progress", "done", "cancelled")
 FIELDS = ("id", "object_code", "title", "status", "planned_start", "planned_finish", "amount",
           "updated_at", "version", "deleted")
-
-erp_work_orders_daily_partition = DailyPartitionsDefinition(
-    start_date=setting("MOSTOVIK_ERP_START_DATE", "2026-01-01"),
-    timezone=TIMEZONE.key,
-    end_offset=1,  # today's window, still filling, is synced too
-)
 
 erp_work_orders = warehouse_table(
     "erp_work_orders",

@@ -37,7 +37,7 @@ from typing import Any
 
 import pandas as pd
 import python_calamine
-from dagster import BackfillPolicy, DynamicPartitionsDefinition
+from dagster import BackfillPolicy
 from sqlalchemy import Column, Date, Index, Integer, String
 
 from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
@@ -54,6 +54,7 @@ from mostovik_pipelines.etl.spec import (
     SourceSpec,
     TransformRequest,
 )
+from mostovik_pipelines.partitions import material_deliveries_file_versions
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
 from mostovik_pipelines.settings import data_dir, setting
 from mostovik_pipelines.warehouse.schema import warehouse_table
@@ -529,9 +530,6 @@ _READERS: dict[str, Callable[[Cell], Any]] = {
 # --- the source ----------------------------------------------------------------------------------
 
 MAX_FILE_BYTES = int(setting("MOSTOVIK_INBOX_MAX_FILE_BYTES", str(50 * 1024 * 1024)))
-
-material_deliveries_file_versions = DynamicPartitionsDefinition(
-    name="material_deliveries_file_versions")
 
 material_deliveries = warehouse_table(
     "material_deliveries",
