@@ -66,6 +66,7 @@ from mostovik_pipelines.etl.errors import (
 from mostovik_pipelines.etl.loading import (
     KeptRows,
     LoadCounts,
+    LoadMode,
     PartitionSuperseded,
     load_partition,
 )
@@ -627,8 +628,11 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         within_transaction=quarantine, fetched_at=outcome.landed.fetched_at,
         kept=_kept_rows(spec, outcome.rejected),
     )
+    figures = counts.as_dict()
+    if spec.load_mode is not LoadMode.MERGE_BY_VERSION:
+        figures = {k: v for k, v in figures.items() if k not in ("ignored_older", "tombstoned")}
     return {
-        **counts.as_dict(), "rejected": len(quarantined),
+        **figures, "rejected": len(quarantined),
         "duplicates_dropped": outcome.duplicates_dropped,
         "dagster/row_count": len(outcome.frame), "table": spec.table.name,
         "content_hash": outcome.landed.content_hash,

@@ -312,7 +312,9 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
             errors.append(_step_error(event))
         elif event.event_type is DagsterEventType.RUN_FAILURE and not errors:
             errors.append(JobError(None, "unclassified", None, entry.user_message, []))
-    totals = {key: sum(p.get(key, 0) for p in per_partition.values()) for key in LOAD_COUNT_KEYS}
+    totals = {key: sum(p.get(key, 0) for p in per_partition.values()) for key in LOAD_COUNT_KEYS
+              if key in ("inserted", "updated", "unchanged", "deleted", "rejected")
+              or any(key in p for p in per_partition.values())}
     if trust_tag:
         status = JobStatus(tagged)
     elif status is JobStatus.COMPLETED:

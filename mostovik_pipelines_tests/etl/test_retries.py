@@ -145,3 +145,53 @@ def test_retry_policy_backs_off_exponentially_with_bounded_jitter():
     assert policy.wait_seconds(1, retry_after=1000) == policy.retry_after_cap_seconds
 
 
+
+
+def test_the_retry_budget_is_per_partition_in_a_ranged_run(cbr_job, instance, standin,
+                                                          warehouse_url):
+    """Three partitions failing twice each: six transient failures in one step, while each
+    partition stays within its own three attempts."""
+    days = ["2026-11-03", "2026-11-04", "2026-11-05"]
+    for day in days:
+        standin.fault("status", status=503, times=2,
+                      match=f"date_req={day[8:]}/{day[5:7]}/{day[:4]}")
+    result = cbr_job.execute_in_process(
+        instance=instance, raise_on_error=False,
+        tags={"dagster/asset_partition_range_start": days[0],
+              "dagster/asset_partition_range_end": days[-1]})
+    assert result.success, step_failure_message(instance, result.run_id)
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 7
+    retries = [r.event_log_entry.asset_observation for r in instance.get_records_for_run(
+        result.run_id).records if r.event_log_entry.asset_observation is not None
+        and "mostovik/retry" in r.event_log_entry.asset_observation.metadata]
+    assert sorted((o.partition, o.metadata["mostovik/retry"].value["attempt"])
+                  for o in retries) == [(d, n) for d in days for n in (1, 2)]
+    assert len(table_rows(warehouse_url, "cbr_daily_rates")) == 36
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    ("7", 7.0),
+    ("Sun, 06 Nov 1994 08:49:37 GMT", 37.0),
+    ("Sunday, 06-Nov-94 08:49:37 GMT", 37.0),
+    ("Sun Nov  6 08:49:37 1994", 37.0),
+    ("Sun, 06 Nov 1994 11:49:37 +0300", 37.0),
+    ("Sun, 06 Nov 1994 08:49:37 UTC", 37.0),
+    ("Sun, 06 Nov 1994 08:49:37", 37.0),
+    ("Sun, 06 Nov 1994 08:48:00 GMT", 0.0),
+    ("soon", None), ("-5", None), ("1.5", None), ("", None),
+])
+def test_retry_after_is_read_in_every_form_rfc_9110_allows(header, seconds):
+    from datetime import UTC, datetime
+
+    from mostovik_pipelines.resources.http import parse_retry_after
+
+    assert parse_retry_after(header, now=datetime(1994, 11, 6, 8, 49, tzinfo=UTC)) == seconds
+
+
+@pytest.mark.parametrize("header", ["Sun, 06 Nov 1994 08:49:37", "garbage", "1.5"])
+def test_a_429_with_an_odd_retry_after_is_retried_with_backoff(cbr_job, instance, standin,
+                                                                header):
+    standin.fault("status", status=429, retry_after=header, match="date_req=04/11/2026")
+    result = run_partition(cbr_job, PARTITION, instance)
+    assert result.success, step_failure_message(instance, result.run_id)
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 2

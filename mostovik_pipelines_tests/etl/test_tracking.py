@@ -119,3 +119,60 @@ def test_a_run_started_long_ago_and_still_running_is_stuck(cbr_job, run_storage)
         tags={**cbr_job.tags, "dagster/partition": PARTITION, "dagster/max_runtime": "0"},
     )
     assert [j.run_id for j in stuck_jobs(run_storage)] == [run.run_id]
+
+
+def test_a_queued_ui_asset_backfill_run_is_found_by_its_source_before_it_starts(run_storage):
+    """A UI asset backfill runs the implicit asset job, without the source's tags until its
+    first step: its asset selection names the source."""
+    from dagster import AssetKey
+
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(module_name="mostovik_pipelines", attribute="defs")),
+        "__repository__"), "__ASSET_JOB")
+    run = run_storage.run_storage.add_run(DagsterRun(
+        job_name="__ASSET_JOB", run_id=make_new_run_id(), status=DagsterRunStatus.QUEUED,
+        asset_selection=frozenset({AssetKey("cbr_daily_rates")}), remote_job_origin=origin,
+        tags={"dagster/backfill": "abcdefgh", "dagster/partition": PARTITION},
+    ))
+    found = list_jobs(run_storage, source="cbr_daily_rates")
+    assert [j.run_id for j in found] == [run.run_id]
+    assert found[0].status is JobStatus.PENDING and found[0].launched_by == "backfill abcdefgh"
+
+
+def test_the_run_writes_its_adr_status_as_a_tag_and_lists_read_it(
+    cbr_job, run_storage, standin
+):
+    clean = run_partition(cbr_job, PARTITION, run_storage)
+    standin.change_cbr_rates("2026-11-05", set_values={"USD": "n/a"})
+    partial = run_partition(cbr_job, "2026-11-05", run_storage)
+    standin.fault("status", status=404, match="date_req=06/11/2026")
+    failed = run_partition(cbr_job, "2026-11-06", run_storage)
+    tags = {r.run_id: run_storage.get_run_by_id(r.run_id).tags.get("mostovik/status")
+            for r in (clean, partial, failed)}
+    assert tags == {clean.run_id: "completed", partial.run_id: "partial",
+                    failed.run_id: "failed"}
+    listed = {j.run_id: j.status.value for j in list_jobs(run_storage)}
+    assert listed == tags
+
+
+def test_a_single_partition_run_stopped_for_a_concurrent_run_is_partial(
+    warehouse_url, standin_server, standin, tmp_path, cbr_source, run_storage
+):
+    import dataclasses
+
+    from mostovik_pipelines.etl.runs_in_flight import ConcurrentRunPolicy
+    from mostovik_pipelines_tests.support.locations import code_location_for
+
+    stopping = dataclasses.replace(cbr_source, on_concurrent_run=ConcurrentRunPolicy.STOP)
+    job = code_location_for(warehouse_url, standin_server, tmp_path, [stopping]).resolve_job_def(
+        "cbr_daily_rates_job")
+    # An older run of the partition, alive: created just now, not started (launch grace).
+    older = run_storage.run_storage.add_run(DagsterRun(
+        job_name=job.name, run_id=make_new_run_id(), status=DagsterRunStatus.STARTING,
+        tags={**job.tags, "dagster/partition": PARTITION}))
+    result = run_partition(job, PARTITION, run_storage)
+    assert result.success
+    stopped = load_job(run_storage, result.run_id)
+    assert stopped.status is JobStatus.PARTIAL
+    assert older.run_id in stopped.left_out[PARTITION]
+    assert run_storage.get_run_by_id(result.run_id).tags["mostovik/status"] == "partial"
