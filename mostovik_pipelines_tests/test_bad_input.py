@@ -1,14 +1,18 @@
 """Bad and hostile input, for every source: each case of ``corpus/<source>/`` is served through
-the stand-in to a real run of the source's job, after a clean load of the partition. The run
-must end as the case expects (failed naming source, partition and defect; partial with the
-rows quarantined; not available yet; or loaded as data), and nothing already loaded may change
-beyond what the outcome allows. See ``corpus/README.md`` for the case format."""
+the stand-in to a real run of the source's job, after a clean load of the partition, or (a file
+source, route ``inbox``) dropped into the inbox as a file of its own, its version the partition,
+after a clean load of a neighbour file. The run must end as the case expects (failed naming
+source, partition and defect; partial with the rows quarantined; not available yet; or loaded as
+data), and nothing already loaded may change beyond what the outcome allows. See
+``corpus/README.md`` for the case format."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from collections import Counter
+from datetime import date
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -16,12 +20,15 @@ import pytest
 from dagster import DagsterEventType
 
 from mostovik_pipelines.sources import ALL_SOURCES
+from mostovik_pipelines_tests.support.inbox import drop, inbox_dirs, inbox_resource
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
 
 CORPUS = Path(__file__).parent / "corpus"
 OUTCOMES = {"failed", "partial", "not_available", "loaded"}
+INBOX = "inbox"
+"""The route of a file source: cases are dropped into its inbox instead of served over HTTP."""
 SPECS = {spec.name: spec for spec in ALL_SOURCES}
 
 
@@ -85,22 +92,23 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
 ):
     spec = dataclasses.replace(SPECS[case.source], extract_retry=FAST_RETRY,
                                load_retry=FAST_RETRY)
-    job = code_location_for(warehouse_url, standin_server, tmp_path, [spec]).resolve_job_def(
-        f"{spec.name}_job")
-    partition = case.expect.get("partition", case.settings["partition"])
-    if partition == "tomorrow":
-        partition = spec.partitions_def.get_partition_keys()[-1]
-    neighbour = case.settings["neighbour"]
-    for key in (neighbour, partition):
-        assert run_partition(job, key, instance).success, f"clean load of {key} failed"
-    before = _snapshot(warehouse_url, spec)
-
-    options = {k: case.expect[k] for k in ("content_type", "status", "times") if k in case.expect}
-    standin.serve_bytes(case.payload.read_bytes(), route=case.settings["route"], **options)
-    result = run_partition(job, partition, instance)
-    standin.clear_faults()
+    inbox_route = case.settings["route"] == INBOX
+    resources = {}
+    if inbox_route and "max_file_bytes" in case.expect:
+        resources[f"{spec.name}_source"] = inbox_resource(
+            tmp_path, max_file_bytes=case.expect["max_file_bytes"])
+    job = code_location_for(warehouse_url, standin_server, tmp_path, [spec],
+                            **resources).resolve_job_def(f"{spec.name}_job")
+    if inbox_route:
+        result, partition, neighbour, before = _drop_into_the_inbox(case, spec, job, instance,
+                                                                    warehouse_url, tmp_path)
+    else:
+        result, partition, neighbour, before = _serve_through_the_standin(
+            case, spec, job, instance, warehouse_url, standin)
     after = _snapshot(warehouse_url, spec)
     outcome = case.expect["outcome"]
+    if inbox_route:
+        _check_the_inbox(case, tmp_path, partition)
 
     if outcome == "failed":
         assert not result.success, f"{case.id} should fail"
@@ -135,7 +143,65 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
     for check in case.expect.get("values", []):
         [row] = [r for r in rows if all(r[k] == v for k, v in check["where"].items())]
         for column, value in check["equals"].items():
-            assert row[column] == value, f"{column}: {row[column]!r} != {value!r}"
+            assert _same(row[column], value), f"{column}: {row[column]!r} != {value!r}"
+
+
+def _serve_through_the_standin(case: Case, spec, job, instance, warehouse_url: str, standin):
+    """Clean loads of the neighbour and of the partition, then the case's bytes served for the
+    partition: the run's result, the partition, the neighbour, the table before."""
+    partition = case.expect.get("partition", case.settings["partition"])
+    if partition == "tomorrow":
+        partition = spec.partitions_def.get_partition_keys()[-1]
+    neighbour = case.settings["neighbour"]
+    for key in (neighbour, partition):
+        assert run_partition(job, key, instance).success, f"clean load of {key} failed"
+    before = _snapshot(warehouse_url, spec)
+
+    options = {k: case.expect[k] for k in ("content_type", "status", "times") if k in case.expect}
+    standin.serve_bytes(case.payload.read_bytes(), route=case.settings["route"], **options)
+    try:
+        result = run_partition(job, partition, instance)
+    finally:
+        standin.clear_faults()
+    return result, partition, neighbour, before
+
+
+def _drop_into_the_inbox(case: Case, spec, job, instance, warehouse_url: str, tmp_path: Path):
+    """A clean load of the neighbour file, then the case's bytes dropped into the inbox under
+    the case's file name and its version run, as the sensor would ask: the run's result, the
+    version, the neighbour's version, the table before."""
+    inbox = inbox_dirs(tmp_path)[0]
+    neighbour_file = CORPUS / case.source / case.settings["neighbour"]
+    neighbour = drop(inbox, neighbour_file.name, neighbour_file.read_bytes())
+    instance.add_dynamic_partitions(spec.partitions_def.name, [neighbour])
+    assert run_partition(job, neighbour, instance).success, "clean load of the neighbour failed"
+    before = _snapshot(warehouse_url, spec)
+
+    partition = drop(inbox, case.payload.name, case.payload.read_bytes())
+    instance.add_dynamic_partitions(spec.partitions_def.name, [partition])
+    return run_partition(job, partition, instance), partition, neighbour, before
+
+
+def _check_the_inbox(case: Case, tmp_path: Path, version: str) -> None:
+    """A failed file stays in the inbox; a loaded one moves to the archive with its outcome."""
+    inbox, archive = inbox_dirs(tmp_path)
+    name = case.payload.name
+    if case.expect["outcome"] == "failed":
+        assert (inbox / name).read_bytes() == case.payload.read_bytes()
+        assert not (archive / version).exists()
+    else:
+        assert not (inbox / name).exists(), f"{name} was not archived"
+        assert (archive / version).read_bytes() == case.payload.read_bytes()
+        note = json.loads((archive / f"{version}.outcome.json").read_text())
+        assert note["outcome"] == ("loaded" if case.expect["outcome"] == "loaded" else "partial")
+
+
+def _same(stored, wanted) -> bool:
+    """A stored value as a case spells it; a decimal or a date given as text is compared by its
+    text (a decimal's scale counts: "1234.500" is not 1234.5)."""
+    if isinstance(wanted, str) and isinstance(stored, Decimal | date):
+        return str(stored) == wanted
+    return stored == wanted
 
 
 def _keys(rows, spec) -> set[tuple]:
@@ -157,15 +223,22 @@ def _snapshot(url: str, spec) -> dict:
     return {"rows": rows, "quarantine": quarantined}
 
 
+def _partition_value(spec, partition: str) -> str:
+    """The partition column's value of a partition key, as text (a file version's is the file
+    name)."""
+    return str(spec.load_target.partition_value(partition))
+
+
 def _partition_rows(snapshot: dict, spec, partition: str) -> list[dict]:
-    return [r for r in snapshot["rows"] if str(r[spec.partition_column]) == partition]
+    value = _partition_value(spec, partition)
+    return [r for r in snapshot["rows"] if str(r[spec.partition_column]) == value]
 
 
 def _rows(url: str, spec, partition: str) -> list[dict]:
     with psycopg.connect(dsn_of(url)) as connection:
         cursor = connection.execute(
             f"SELECT * FROM {spec.table.name} WHERE {spec.partition_column}::text = %s",
-            (partition,))
+            (_partition_value(spec, partition),))
         names = [d.name for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 

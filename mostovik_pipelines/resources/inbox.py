@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import stat
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -77,7 +78,7 @@ class InboxResource(ConfigurableResource):
     def read_version(self, version: str) -> tuple[bytes, datetime]:
         """The bytes of a file version and when that version appeared, from the inbox or, once
         archived, from the archive; refused when over the size limit or no longer anywhere."""
-        name = file_name_of(version)
+        name = _checked_version(version)
         for path in (Path(self.inbox_dir) / name, Path(self.archive_dir) / version):
             try:
                 info = path.lstat()
@@ -97,21 +98,32 @@ class InboxResource(ConfigurableResource):
             "removed) nor in the archive")
 
     def archive(self, version: str, outcome: str, run_id: str) -> None:
-        """Move the version from the inbox to the archive with a note of its outcome; a newer
-        upload under the same name stays in the inbox."""
-        name = file_name_of(version)
-        source, target = Path(self.inbox_dir) / name, Path(self.archive_dir) / version
-        note = {"file": name, "version": version, "outcome": outcome, "run_id": run_id,
-                "archived_at": datetime.now(UTC).isoformat()}
+        """Move the version from the inbox to the archive with a note of its outcome. The file
+        is first moved aside under a private name and hashed there, so an upload landing under
+        the same name meanwhile is never archived in its place: it goes back to the inbox (or,
+        if yet another upload took the name, to the archive under its own version)."""
+        name = _checked_version(version)
+        archive = Path(self.archive_dir)
+        archive.mkdir(parents=True, exist_ok=True)
+        aside = archive / f".archiving-{uuid.uuid4().hex}"
         try:
-            current = version_key(name, self.content_hash(name))
+            os.rename(Path(self.inbox_dir) / name, aside)
         except FileNotFoundError:
-            current = None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if current == version:
-            os.replace(source, target)
-        if target.exists():
-            Path(f"{target}.outcome.json").write_text(
+            aside = None
+        if aside is not None:
+            moved = version_key(name, _sha256(aside))
+            if moved == version:
+                os.replace(aside, archive / version)
+            else:
+                try:
+                    os.link(aside, Path(self.inbox_dir) / name)
+                    aside.unlink()
+                except FileExistsError:
+                    os.replace(aside, archive / moved)
+        if (archive / version).exists():
+            note = {"file": name, "version": version, "outcome": outcome, "run_id": run_id,
+                    "archived_at": datetime.now(UTC).isoformat()}
+            (archive / f"{version}.outcome.json").write_text(
                 json.dumps(note, ensure_ascii=False, indent=1))
 
     def _open(self, name: str):
@@ -119,6 +131,30 @@ class InboxResource(ConfigurableResource):
             raise PermanentError(f"{name!r} is not a plain file name")
         fd = os.open(Path(self.inbox_dir) / name, os.O_RDONLY | os.O_NOFOLLOW)
         return os.fdopen(fd, "rb")
+
+
+def _checked_version(version: str) -> str:
+    """The file name of a version key that names a plain inbox file and a content hash, or a
+    refusal: a version key never leads a path out of the inbox or the archive."""
+    name = file_name_of(version)
+    digest = version[len(name) + 1:]
+    if not _plain_name(name) or len(digest) != HASH_CHARACTERS or not all(
+            c in "0123456789abcdef" for c in digest):
+        raise PermanentError(f"{version!r} is not a file version of this inbox "
+                             "(<plain file name>@<12 hex digits>)")
+    return name
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with _open_no_follow(path) as handle:
+        while chunk := handle.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _open_no_follow(path: Path):
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
 
 
 def _read_no_follow(path: Path) -> bytes:

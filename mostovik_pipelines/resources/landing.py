@@ -116,7 +116,22 @@ class LandingStoreResource(ConfigurableResource):
         Path(path).unlink(missing_ok=True)
 
     def _partition_dir(self, source: str, partition_key: str) -> Path:
-        return Path(self.base_dir) / quote(source, safe="") / quote(partition_key, safe="")
+        return Path(self.base_dir) / quote(source, safe="") / _folder_name(partition_key)
+
+
+MAX_FOLDER_NAME = 200
+"""Bytes of a partition's folder name: file systems allow 255, and a percent-encoded Cyrillic
+file name (a file version's key) takes 6 bytes a letter."""
+
+
+def _folder_name(partition_key: str) -> str:
+    """The partition key, percent-encoded; a long one is cut and ends with a hash of the whole
+    key, so it stays unique (the landing records keep the full key)."""
+    name = quote(partition_key, safe="")
+    if len(name) <= MAX_FOLDER_NAME:
+        return name
+    digest = hashlib.sha256(partition_key.encode()).hexdigest()[:16]
+    return f"{name[:MAX_FOLDER_NAME - 17].rstrip('%')}~{digest}"
 
 
 def _record(path: Path) -> LandedPayload:

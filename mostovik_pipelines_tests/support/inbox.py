@@ -1,0 +1,242 @@
+"""The file inbox in tests: files dropped as an uploader drops them, the sensor ticked with its
+cursor kept, and the runs it asks for executed as the daemon would launch them (one run per
+requested file version, in the test's process); the warehouse's delivery rows and quarantine as
+an operator reads them; the sensor's ticks as the UI shows them.
+
+Dagster's daemon, not the sensor, skips a run request whose run key it has launched before:
+:class:`InboxSensor` runs every request the sensor makes (tests of the daemon itself are in
+``test_inbox_daemon.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from datetime import date
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
+from sqlalchemy import create_engine, text
+
+from mostovik_pipelines.resources.inbox import InboxResource, version_key
+from mostovik_pipelines.sources import material_deliveries
+from mostovik_pipelines.sources.material_deliveries import COLUMNS
+from mostovik_pipelines_tests.support.delivery_reports import Delivery
+
+SOURCE = "material_deliveries"
+SENSOR = f"{SOURCE}_inbox_sensor"
+JOB = f"{SOURCE}_job"
+RESOURCE_KEY = f"{SOURCE}_source"
+PARTITIONS = material_deliveries.SOURCE.partitions_def.name
+
+
+def inbox_dirs(work_dir: Path) -> tuple[Path, Path]:
+    """The inbox and archive :func:`~.locations.code_location_for` wires under ``work_dir``."""
+    return work_dir / "inbox", work_dir / "archive"
+
+
+def inbox_resource(work_dir: Path, **options: Any) -> InboxResource:
+    inbox, archive = inbox_dirs(work_dir)
+    return InboxResource(inbox_dir=str(inbox), archive_dir=str(archive), **options)
+
+
+def version_of(name: str, content: bytes) -> str:
+    """The partition key of ``content`` uploaded as ``name``."""
+    return version_key(name, hashlib.sha256(content).hexdigest())
+
+
+def drop(inbox_dir: Path, name: str, content: bytes, *, mtime_ns: int | None = None) -> str:
+    """Upload ``content`` as ``name`` the way an uploader does (written as ``name.part``, then
+    renamed), optionally with a given modification time; its version key."""
+    inbox_dir.mkdir(parents=True, exist_ok=True)
+    partial = inbox_dir / f"{name}.part"
+    partial.write_bytes(content)
+    if mtime_ns is not None:
+        os.utime(partial, ns=(mtime_ns, mtime_ns))
+    os.replace(partial, inbox_dir / name)
+    return version_of(name, content)
+
+
+def renumbered(lines: Sequence[Delivery], offset: int) -> list[Delivery]:
+    """``lines`` with ``offset`` added to every waybill's number, its spelling kept (leading
+    zeros, prefixes): reports generated with different seeds then never share a waybill line."""
+    def shifted(waybill: str) -> str:
+        match = re.search(r"\d+$", waybill)
+        assert match, waybill
+        number = str(int(match.group()) + offset).rjust(len(match.group()), "0")
+        return waybill[:match.start()] + number
+    return [dataclasses.replace(line, waybill=shifted(line.waybill)) for line in lines]
+
+
+class InboxSensor:
+    """The inbox sensor of a code location, ticked as the daemon ticks it."""
+
+    def __init__(self, location: Definitions, instance: DagsterInstance,
+                 resource: InboxResource) -> None:
+        self.sensor = location.get_sensor_def(SENSOR)
+        self.job = location.resolve_job_def(JOB)
+        self.instance = instance
+        self.resource = resource
+        self.cursor: str | None = None
+
+    def tick(self) -> SensorResult:
+        """One evaluation: the cursor moves on and the partitions it asks for are added, as
+        the daemon does with a tick's result."""
+        context = build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                       resources={RESOURCE_KEY: self.resource})
+        result = self.sensor(context)
+        for request in result.dynamic_partitions_requests:
+            self.instance.add_dynamic_partitions(request.partitions_def_name,
+                                                 list(request.partition_keys))
+        self.cursor = result.cursor
+        return result
+
+    def run_new_versions(self) -> dict[str, Any]:
+        """A tick, then one in-process run per requested version: version key -> its result."""
+        return {request.partition_key: self.run(request.partition_key)
+                for request in self.tick().run_requests}
+
+    def run(self, version: str):
+        return self.job.execute_in_process(partition_key=version, instance=self.instance,
+                                           raise_on_error=False)
+
+
+def expected_table(lines: Sequence[Delivery], file_name: str,
+                   file_version: str) -> list[dict[str, Any]]:
+    """The table rows ``lines`` of a file version must become, as :func:`delivery_rows` reads
+    them."""
+    return [{
+        "delivery_date": line.delivery_date, "object_code": line.object_code,
+        "waybill": line.waybill, "line_no": line.line_no, "material": line.material,
+        "unit": line.unit, "quantity": line.quantity, "price": line.price,
+        "supplier": line.supplier, "source_file": file_name, "file_version": file_version,
+    } for line in lines]
+
+
+def delivery_rows(url: str, source_file: str | None = None) -> list[dict[str, Any]]:
+    """The data columns of ``material_deliveries`` (of one file), in key order; exact decimals
+    as ``Decimal`` on both backends (SQLite stores their text)."""
+    where = "WHERE source_file = :file" if source_file is not None else ""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            result = connection.execute(text(
+                f"SELECT {', '.join(COLUMNS)} FROM material_deliveries {where} "
+                "ORDER BY waybill, line_no"), {"file": source_file})
+            rows = [dict(row._mapping) for row in result]
+    finally:
+        engine.dispose()
+    for row in rows:
+        for name in ("quantity", "price"):
+            row[name] = Decimal(str(row[name]))
+        if isinstance(row["delivery_date"], str):
+            row["delivery_date"] = date.fromisoformat(row["delivery_date"])
+    return rows
+
+
+def sorted_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows in the table's key order: text compared as bytes, as the "C" collation does."""
+    return sorted(rows, key=lambda row: (row["waybill"].encode(), row["line_no"]))
+
+
+def exact(rows: Sequence[dict[str, Any]]) -> list[tuple]:
+    """Rows as tuples in which a decimal is its text: ``1.500`` and ``1.5`` differ."""
+    return [tuple(str(v) if isinstance(v, Decimal) else v for v in row.values())
+            for row in rows]
+
+
+def physical_rows(url: str, source_file: str | None = None) -> list[tuple]:
+    """Every row (of one file) with its physical identity: PostgreSQL ctid and xmin change
+    whenever a row is rewritten, SQLite's rowid when it is deleted and inserted again."""
+    identity = "ctid::text, xmin::text" if url.startswith("postgresql") else "rowid"
+    where = "WHERE source_file = :file" if source_file is not None else ""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            result = connection.execute(text(
+                f"SELECT {identity}, * FROM material_deliveries {where} "
+                "ORDER BY waybill, line_no"), {"file": source_file})
+            return [tuple(row) for row in result]
+    finally:
+        engine.dispose()
+
+
+def quarantined(url: str, partition_key: str | None = None) -> list[dict[str, Any]]:
+    """The quarantined rows of material_deliveries (of one file version), in row order."""
+    where = "AND partition_key = :key" if partition_key is not None else ""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            result = connection.execute(text(
+                "SELECT source, partition_key, run_id, row_number, raw_row, reason "
+                f"FROM quarantined_rows WHERE source = '{SOURCE}' {where} "
+                "ORDER BY partition_key, row_number"), {"key": partition_key})
+            return [dict(row._mapping) for row in result]
+    finally:
+        engine.dispose()
+
+
+# The sensor's ticks as the UI's sensor page shows them (GraphQL).
+
+SENSOR_TICKS_QUERY = """
+  query SensorTicksQuery($sensorSelector: SensorSelector!, $limit: Int) {
+    sensorOrError(sensorSelector: $sensorSelector) {
+      __typename
+      ... on Sensor {
+        id
+        name
+        minIntervalSeconds
+        sensorState {
+          id
+          status
+          ticks(limit: $limit) {
+            id
+            status
+            timestamp
+            endTimestamp
+            runIds
+            runKeys
+            skipReason
+            error {
+              message
+            }
+          }
+        }
+      }
+      ... on SensorNotFoundError {
+        message
+      }
+      ... on PythonError {
+        message
+      }
+    }
+  }
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    status: str
+    timestamp: float
+    end_timestamp: float | None
+    run_ids: list[str]
+    run_keys: list[str]
+    skip_reason: str | None
+    error: str | None
+
+
+def sensor_ticks(graphql, sensor_name: str = SENSOR, limit: int = 20) -> list[Tick]:
+    """The sensor's latest ticks, newest first, through the webserver's GraphQL API."""
+    selector = {"repositoryLocationName": graphql.location_name,
+                "repositoryName": graphql.repository_name, "sensorName": sensor_name}
+    sensor = graphql.execute(SENSOR_TICKS_QUERY, {"sensorSelector": selector,
+                                                  "limit": limit})["sensorOrError"]
+    assert sensor["__typename"] == "Sensor", sensor
+    return [Tick(t["status"], t["timestamp"], t["endTimestamp"], t["runIds"], t["runKeys"],
+                 t["skipReason"], (t["error"] or {}).get("message"))
+            for t in sensor["sensorState"]["ticks"]]

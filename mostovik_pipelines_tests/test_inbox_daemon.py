@@ -1,0 +1,160 @@
+"""The inbox sensor run by the real ``dagster-daemon`` (with ``dagster-webserver``, on the
+production instance: PostgreSQL storage, the run queue): a file dropped into the inbox gets a run
+of ``material_deliveries_job`` for its version within one sensor interval, the run loads it into
+the warehouse; the same bytes dropped again are not run again (the daemon skips a run key it has
+launched); a corrected version is. Observed only as an operator observes it: GraphQL, the
+warehouse, the folders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from mostovik_pipelines.etl.inbox_sensor import MINIMUM_INTERVAL_SECONDS
+from mostovik_pipelines.standin import StandinServer
+from mostovik_pipelines_tests.conftest import TEMPLATE_DB
+from mostovik_pipelines_tests.support import delivery_reports as reports
+from mostovik_pipelines_tests.support.inbox import (
+    JOB,
+    SENSOR,
+    delivery_rows,
+    drop,
+    exact,
+    expected_table,
+    renumbered,
+    sensor_ticks,
+    sorted_rows,
+)
+from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.webserver import DagsterServices, RunInfo
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+LAUNCH_LATENCY_SECONDS = 20
+"""From the sensor's tick to a run in storage: the sensor daemon's loop, the evaluation in the
+code server, the run's creation. A run must appear within one sensor interval plus this."""
+FILE_NAME = "Поставки МСК-ЖК-014 ноябрь.csv"
+
+
+@pytest.fixture(scope="module")
+def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServices]:
+    """Webserver and daemon on a fresh production instance database, a fresh warehouse, and
+    an inbox and archive of their own."""
+    work_dir = tmp_path_factory.mktemp("inbox_daemon")
+    suffix = uuid.uuid4().hex[:8]
+    dagster_db, warehouse_db = f"dagster_inbox_{suffix}", f"wh_inbox_{suffix}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
+    home, environment = production_instance(postgres, dagster_db, work_dir)
+    environment.update({
+        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
+        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
+        "MOSTOVIK_INBOX_DIR": str(work_dir / "inbox"),
+        "MOSTOVIK_ARCHIVE_DIR": str(work_dir / "archive"),
+        "MOSTOVIK_EXECUTOR": "in_process",
+    })
+    try:
+        with DagsterServices(work_dir, home, environment) as running:
+            yield running
+    finally:
+        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+            for name in (dagster_db, warehouse_db):
+                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _runs_of(services: DagsterServices, version: str) -> list[RunInfo]:
+    return services.graphql.runs({"tags": [{"key": "dagster/partition", "value": version}]})
+
+
+def _wait_for_run_of(services: DagsterServices, version: str, since: float,
+                     timeout: float) -> tuple[RunInfo, float]:
+    """The run launched for ``version`` and how many seconds after ``since`` it appeared."""
+    deadline = since + timeout
+    while time.monotonic() < deadline:
+        runs = _runs_of(services, version)
+        if runs:
+            return runs[-1], time.monotonic() - since
+        time.sleep(0.5)
+    ticks = sensor_ticks(services.graphql, limit=5)
+    raise AssertionError(f"no run of {version} {timeout:.0f} s after its drop; ticks {ticks}\n"
+                         f"{services.log_tails()}")
+
+
+def _wait_for_ticks_after(services: DagsterServices, since_epoch: float, count: int,
+                          timeout: float) -> list:
+    """The first ``count`` finished ticks that started after ``since_epoch``, oldest first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ticks = [t for t in sensor_ticks(services.graphql)
+                 if t.timestamp > since_epoch and t.status != "STARTED"]
+        if len(ticks) >= count:
+            return sorted(ticks, key=lambda t: t.timestamp)[:count]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(ticks)} of {count} ticks after the drop in {timeout} s: "
+                                 f"{sensor_ticks(services.graphql, limit=5)}")
+        time.sleep(1)
+
+
+def _drop_and_wait_for_its_run(services: DagsterServices, inbox: Path, content: bytes):
+    dropped = time.monotonic()
+    version = drop(inbox, FILE_NAME, content)
+    run, appeared_after = _wait_for_run_of(
+        services, version, dropped, MINIMUM_INTERVAL_SECONDS + LAUNCH_LATENCY_SECONDS)
+    finished = services.graphql.wait_for_run(run.run_id, timeout=120)
+    print(f"\n{version}: run {run.run_id} appeared {appeared_after:.1f} s after the drop, "
+          f"{finished.status} {time.monotonic() - dropped:.1f} s after it")
+    assert finished.status == "SUCCESS", services.graphql.run_errors(run.run_id)
+    assert finished.job_name == JOB
+    assert finished.tags.get("dagster/sensor_name") == SENSOR
+    assert finished.tags.get("mostovik/status") == "completed"
+    return version, finished, appeared_after
+
+
+def test_the_daemon_runs_each_new_file_version_once(services: DagsterServices):
+    inbox = Path(services.environment["MOSTOVIK_INBOX_DIR"])
+    archive = Path(services.environment["MOSTOVIK_ARCHIVE_DIR"])
+    warehouse_url = services.environment["MOSTOVIK_DATABASE_URL"]
+    assert services.graphql.repository_contents().sensors.get(SENSOR) == "RUNNING"
+
+    lines = renumbered(reports.deliveries(15, seed=11), 700_000)
+    content = reports.csv_report(reports.report_table(lines), encoding="windows-1251")
+    first, run, _ = _drop_and_wait_for_its_run(services, inbox, content)
+    assert run.tags["dagster/run_key"] == hashlib.sha256(content).hexdigest()
+    assert exact(delivery_rows(warehouse_url)) == exact(sorted_rows(
+        expected_table(lines, FILE_NAME, first)))
+    assert not (inbox / FILE_NAME).exists()
+    assert (archive / first).read_bytes() == content
+
+    # The same bytes again: the sensor asks for the version again, the daemon launches nothing.
+    redropped_at = time.time()
+    drop(inbox, FILE_NAME, content)
+    [seen] = _wait_for_ticks_after(services, redropped_at, 1,
+                                   timeout=2 * MINIMUM_INTERVAL_SECONDS + LAUNCH_LATENCY_SECONDS)
+    print(f"the tick after the same bytes were dropped again: {seen}")
+    # The sensor did ask, with the version's run key; the daemon launched nothing for it.
+    assert seen.run_keys == [run.tags["dagster/run_key"]], seen
+    assert seen.run_ids == [] and seen.error is None, seen
+    assert [r.run_id for r in _runs_of(services, first)] == [run.run_id]
+    assert (inbox / FILE_NAME).read_bytes() == content, "the repeated upload left the inbox"
+
+    # A corrected version under the same name is a new version: it runs, and replaces the rows.
+    corrected = [*lines[:4], *lines[5:]]
+    second, _, _ = _drop_and_wait_for_its_run(
+        services, inbox, reports.csv_report(reports.report_table(corrected)))
+    assert second != first
+    assert exact(delivery_rows(warehouse_url)) == exact(sorted_rows(
+        expected_table(corrected, FILE_NAME, second)))
+    assert not (inbox / FILE_NAME).exists()
+    # Two ticks and more have passed since the same bytes came again: still one run of them.
+    ticks = _wait_for_ticks_after(services, redropped_at, 2, timeout=LAUNCH_LATENCY_SECONDS)
+    assert [r.run_id for r in _runs_of(services, first)] == [run.run_id], ticks
