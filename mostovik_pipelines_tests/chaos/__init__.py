@@ -1,5 +1,6 @@
-"""The randomized reliability suite of ADR-011: crashes, faults, duplicates and re-runs against a
-real PostgreSQL, judged against a clean reference run. ``make chaos`` runs it (see
+"""The randomized reliability suite of ADR-011: crashes, faults, duplicates, re-runs, ranged runs
+and re-executions of older runs against a real PostgreSQL, judged against a clean reference run
+and the rows kept for unreadable currencies (see :mod:`.scenarios`). ``make chaos`` runs it (see
 :mod:`.__main__`); ``test_chaos.py`` runs a short fixed-seed version inside ``make test``."""
 
 from __future__ import annotations
@@ -23,22 +24,34 @@ def run_chaos(env: ChaosEnvironment, seed: int, scenarios: int, cli_share: float
 def summary(totals: Totals, seed: int, seconds: float) -> str:
     kills = sum(totals.kills.values())
     share = totals.scenarios_with_cli_kill / totals.scenarios if totals.scenarios else 0.0
+    reexecutions = sum(totals.reexecutions.values())
     lines = [
         "",
         "chaos summary",
         f"  scenarios run:        {totals.scenarios}",
-        f"  kills delivered:      {kills} "
-        f"({', '.join(f'{k} {n}' for k, n in sorted(totals.kills.items()))})",
+        f"  kills delivered:      {kills} ({_counts(totals.kills)})",
         f"  of which dagster job execute processes: {totals.cli_kills}, in "
         f"{totals.scenarios_with_cli_kill} scenarios ({share:.0%})",
-        f"  faults injected:      {sum(totals.faults.values())} "
-        f"({', '.join(f'{k} {n}' for k, n in sorted(totals.faults.items()))})",
-        f"  source changes:       {totals.source_changes}",
+        f"  killed runs left started (not recorded as failed): {totals.left_started}",
+        f"  faults injected:      {sum(totals.faults.values())} ({_counts(totals.faults)})",
+        f"  source changes:       {totals.source_changes}; making a currency unreadable "
+        f"{totals.unreadable_changes} (a stored rate, between fetches: "
+        f"{totals.unreadable_between_fetches}; unreadable again, another value: "
+        f"{totals.unreadable_again})",
         f"  duplicate runs:       {totals.duplicate_runs}",
         f"  re-runs of loaded partitions: {totals.reruns_of_loaded}",
+        f"  re-executions:        {reexecutions} ({_counts(totals.reexecutions)}); of older "
+        f"runs after newer ones: {totals.reexecutions_of_older_runs}; killed: "
+        f"{totals.reexecutions_killed}",
+        f"  ranged runs:          {totals.ranged_runs}, with {totals.ranged_failed_partitions} "
+        "failing partitions (then re-executed from failure)",
         f"  runs started:         {sum(totals.runs.values())} "
         f"(cli {totals.runs['cli']}, warm {totals.runs['warm']}; settling re-runs "
-        f"{totals.settle_runs})",
+        f"{totals.settle_runs}, refresh runs {totals.refresh_runs})",
+        f"  liveness checks after kills: {totals.liveness_checks} (by a settling re-run, "
+        f"else a run of their own: {totals.liveness_runs})",
+        f"  blocked partitions:   {totals.blocked}",
+        f"  kept rows expected at the end: {totals.kept_rows}",
         f"  differences found:    {totals.differences}",
         f"  duplicates found:     {totals.duplicates}",
         f"  unsettled partitions or failed references: {totals.errors}",
@@ -47,3 +60,7 @@ def summary(totals: Totals, seed: int, seconds: float) -> str:
         f"--scenarios {totals.scenarios}')",
     ]
     return "\n".join(lines)
+
+
+def _counts(counter) -> str:
+    return ", ".join(f"{key} {n}" for key, n in sorted(counter.items()))

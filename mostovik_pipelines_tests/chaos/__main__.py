@@ -1,8 +1,9 @@
 """``python -m mostovik_pipelines_tests.chaos [--seed N] [--scenarios N] [--cli-share F]``
 
 Starts its own PostgreSQL and stand-in, runs the scenarios, prints one line per scenario and a
-summary, and exits 1 if any partition differed from its reference, any key was duplicated or a
-partition could not be settled. The same seed replays the same scenarios (timing aside).
+summary, and exits 1 if any partition differed from its expected state, any key was duplicated, a
+partition could not be settled or a dead run left a partition blocked. The same seed replays the
+same scenarios (timing aside).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: a random seed")
     parser.add_argument("--scenarios", type=int, default=200)
     parser.add_argument("--cli-share", type=float, default=0.35,
-                        help="share of scenarios that start and kill `dagster job execute`")
+                        help="share of scenarios that start and kill `dagster job execute`, "
+                             "and of re-executions from failure by `mostovik jobs rerun`")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (run logs)")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)

@@ -1,12 +1,19 @@
 """Where the chaos runs happen: a warehouse and a reference database on a real PostgreSQL, the
-stand-in source, a SQLite Dagster home, and the two ways of starting a run of the CBR job.
+stand-in source, a SQLite Dagster home, and the ways of starting a run of the CBR job.
 
 * :meth:`ChaosEnvironment.start_cli_run` starts ``dagster job execute`` in a process of its own
   (in a session of its own, so a kill -9 takes all of it), configured through the environment the
   way CI and operators run it.
 * :meth:`ChaosEnvironment.start_warm_run` forks this (warm) process, which has the code location
-  loaded already, and runs the same job with ``execute_in_process`` in the child: the same ops,
-  resources and instance, in a fraction of the start-up time, and just as killable.
+  loaded already, and runs the same job with ``execute_in_process`` in the child, for one
+  partition or a range of them: the same ops, resources and instance, in a fraction of the
+  start-up time, and just as killable.
+* :meth:`ChaosEnvironment.start_cli_rerun` starts ``mostovik jobs rerun RUN_ID``, the operator's
+  re-execution of a failed run from its failure.
+* :meth:`ChaosEnvironment.start_warm_reexecution` forks and re-executes a finished run in the
+  child, from its failure (``rerun_from_failure``, what ``mostovik jobs rerun`` calls) or all of
+  its steps (``dagster.execute_job`` with ``ReexecutionOptions``), the job reconstructed from
+  ``mostovik_pipelines.defs`` as in a process started with :meth:`cli_environment`.
 
 The parent never opens a warehouse engine through the project's resources: a forked child would
 inherit its pooled connections. It reads the databases through plain psycopg connections only.
@@ -25,18 +32,32 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 from dagster import (
     DagsterEventType,
     DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
+    ReexecutionOptions,
     RunsFilter,
+    execute_job,
 )
+from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
 
+from mostovik_pipelines import definitions
+from mostovik_pipelines.etl.recovery import (
+    CODE_LOCATION_ATTRIBUTE,
+    CODE_LOCATION_MODULE,
+    PROCESS_TAG_PREFIXES,
+    rerun_from_failure,
+)
 from mostovik_pipelines.etl.run_claims import hold_run_claim
+from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG, STATUS_TAG
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
@@ -47,8 +68,11 @@ from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 SOURCE = cbr_daily_rates.SOURCE.name
 JOB = f"{SOURCE}_job"
 ATTEMPT_TAG = "chaos/attempt"
+MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
 WARM_TIMEOUT_SECONDS = 1.0
 CLI_TIMEOUT_SECONDS = 2.0
+CLOCK_SLACK = timedelta(seconds=1)
+"""Run storage's creation times come from the same clock, at a coarser resolution."""
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 
@@ -70,17 +94,27 @@ telemetry:
 
 
 class RunHandle:
-    """One started run: its process, the attempt tag that finds it in run storage, its end."""
+    """One started run: its process, what finds it in run storage (its attempt tag; for a
+    re-execution, being a run of its parent created since it was started), its end."""
 
-    def __init__(self, kind: str, partition: str, attempt: str, process, log_path: Path | None,
-                 run_id: str | None = None) -> None:
+    def __init__(self, kind: str, partitions: tuple[str, ...], attempt: str, process,
+                 log_path: Path | None, run_id: str | None = None,
+                 parent_run_id: str | None = None, started_at: datetime | None = None) -> None:
         self.kind = kind
-        self.partition = partition
+        self.partitions = partitions
         self.attempt = attempt
         self.process = process
         self.log_path = log_path
         self.run_id = run_id
+        self.parent_run_id = parent_run_id
+        self.started_at = started_at
         self.killed = False
+
+    @property
+    def partition(self) -> str:
+        """The run's first partition: the one whose landing and load lock the kill points of
+        a single-partition run watch."""
+        return self.partitions[0]
 
     @property
     def pid(self) -> int:
@@ -154,16 +188,17 @@ class ChaosEnvironment:
         self.instance = DagsterInstance.from_config(str(self.home))
         fast = dataclasses.replace(cbr_daily_rates.SOURCE, extract_retry=FAST_RETRY,
                                    load_retry=FAST_RETRY)
-        self.job = self._job(fast, self.url, self.data_dir)
-        self.reference_job = self._job(fast, self.reference_url, self.root / "reference")
+        self.location = self._location(fast, self.url, self.data_dir)
+        self.job = self.location.resolve_job_def(JOB)
+        self.reference_job = self._location(
+            fast, self.reference_url, self.root / "reference").resolve_job_def(JOB)
 
-    def _job(self, source, url: str, data_dir: Path):
-        location = code_location_for(
+    def _location(self, source, url: str, data_dir: Path):
+        return code_location_for(
             url, self.standin_server, data_dir, [source],
             cbr_daily_rates_source=HttpSourceResource(
                 base_url=self.standin_server.cbr_url, timeout_seconds=WARM_TIMEOUT_SECONDS),
         )
-        return location.resolve_job_def(JOB)
 
     # --- starting runs ------------------------------------------------------------------------
 
@@ -185,33 +220,97 @@ class ChaosEnvironment:
             process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "dagster"), "job", "execute",
                  "-m", "mostovik_pipelines", "-j", JOB,
-                 "--tags", json.dumps({"dagster/partition": partition, ATTEMPT_TAG: attempt})],
+                 "--tags", json.dumps({PARTITION_TAG: partition, ATTEMPT_TAG: attempt})],
                 env=self.cli_environment(), cwd=self.root, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
-        return RunHandle("cli", partition, attempt, process, log_path)
+        return RunHandle("cli", (partition,), attempt, process, log_path)
 
-    def start_warm_run(self, partition: str, reference: bool = False) -> RunHandle:
+    def start_warm_run(self, partitions: tuple[str, ...], reference: bool = False) -> RunHandle:
+        """A run of one partition, or of the consecutive ``partitions`` as one ranged run."""
         attempt = uuid.uuid4().hex[:12]
         run_id = str(uuid.uuid4())
         job = self.reference_job if reference else self.job
         home = None if reference else str(self.home)
         log_path = self.logs / f"warm-{attempt}.log"
         process = multiprocessing.get_context("fork").Process(
-            target=_warm_child, args=(job, home, partition, run_id, attempt, log_path),
+            target=_warm_child, args=(job, home, partitions, run_id, attempt, log_path),
             daemon=True)
         process.start()
-        return RunHandle("warm", partition, attempt, process, log_path, run_id)
+        return RunHandle("warm", partitions, attempt, process, log_path, run_id)
+
+    def start_cli_rerun(self, run_id: str) -> RunHandle:
+        """``mostovik jobs rerun RUN_ID``: the failed run re-executed from its failure."""
+        attempt = uuid.uuid4().hex[:12]
+        log_path = self.logs / f"cli-rerun-{attempt}.log"
+        started_at = datetime.now(UTC)
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [MOSTOVIK, "jobs", "rerun", run_id], env=self.cli_environment(), cwd=self.root,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        return RunHandle("cli", self.partitions_of(run_id), attempt, process, log_path,
+                         parent_run_id=run_id, started_at=started_at)
+
+    def start_warm_reexecution(self, run_id: str, from_failure: bool) -> RunHandle:
+        """The finished run re-executed in a forked child: from its failure, or all steps."""
+        attempt = uuid.uuid4().hex[:12]
+        log_path = self.logs / f"warm-rerun-{attempt}.log"
+        started_at = datetime.now(UTC)
+        process = multiprocessing.get_context("fork").Process(
+            target=_reexecution_child,
+            args=(self.location, self.cli_environment(), str(self.home), run_id, from_failure,
+                  attempt, log_path),
+            daemon=True)
+        process.start()
+        return RunHandle("warm", self.partitions_of(run_id), attempt, process, log_path,
+                         parent_run_id=run_id, started_at=started_at)
 
     # --- reading run storage ------------------------------------------------------------------
 
     def run_id_of(self, handle: RunHandle) -> str | None:
-        if handle.run_id is None:
+        if handle.run_id is None and handle.parent_run_id is not None:
+            # A re-execution from failure carries its parent's tags, the attempt tag included;
+            # it is the parent's one re-execution created since the handle's start.
+            handle.run_id = next((
+                record.dagster_run.run_id for record in self.instance.get_run_records(
+                    RunsFilter(created_after=handle.started_at - CLOCK_SLACK))
+                if record.dagster_run.parent_run_id == handle.parent_run_id), None)
+        elif handle.run_id is None:
             runs = self.instance.get_run_records(
                 RunsFilter(tags={ATTEMPT_TAG: handle.attempt}), limit=1)
             if runs:
                 handle.run_id = runs[0].dagster_run.run_id
         return handle.run_id
+
+    def partitions_of(self, run_id: str) -> tuple[str, ...]:
+        """The run's partition, or every date of its range."""
+        run = self.instance.get_run_by_id(run_id)
+        assert run is not None, f"no run {run_id}"
+        return run_partitions(run)
+
+    def materialized_by(self, run_id: str) -> set[str]:
+        """Partitions the run loaded (its materialisations)."""
+        records = self.instance.get_records_for_run(
+            run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+        return {record.event_log_entry.asset_materialization.partition for record in records}
+
+    def loaded_by_lineage(self, run_id: str) -> set[str]:
+        """Partitions the run and the runs it re-executes loaded: a re-execution of it from
+        failure does not fetch them again."""
+        loaded: set[str] = set()
+        while run_id:
+            loaded |= self.materialized_by(run_id)
+            run = self.instance.get_run_by_id(run_id)
+            run_id = run.parent_run_id if run else None
+        return loaded
+
+    def waited_for_older_run(self, handle: RunHandle) -> bool:
+        """Whether the run logged that it waits for an older run of its partitions."""
+        run_id = self.run_id_of(handle)
+        return run_id is not None and any(
+            "waiting for run" in (entry.user_message or "")
+            for entry in self.instance.all_logs(run_id))
 
     def run_status(self, handle: RunHandle) -> DagsterRunStatus | None:
         run_id = self.run_id_of(handle)
@@ -264,26 +363,94 @@ class ChaosEnvironment:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _warm_child(job, home: str | None, partition: str, run_id: str, attempt: str,
+def run_partitions(run: DagsterRun) -> tuple[str, ...]:
+    """A run's partition, or every date of its range."""
+    if PARTITION_TAG in run.tags:
+        return (run.tags[PARTITION_TAG],)
+    return date_range(run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG])
+
+
+def date_range(first: str, last: str) -> tuple[str, ...]:
+    """Every date from ``first`` to ``last``: the CBR partitions of that range (they are daily)."""
+    day, end = date.fromisoformat(first), date.fromisoformat(last)
+    days = []
+    while day <= end:
+        days.append(day.isoformat())
+        day += timedelta(days=1)
+    return tuple(days)
+
+
+def _warm_child(job, home: str | None, partitions: tuple[str, ...], run_id: str, attempt: str,
                 log_path: Path) -> None:
     """The body of a forked warm run; its exit code is 0 when the run succeeded."""
     success = False
     try:
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        _log_to(log_path)
         instance = DagsterInstance.from_config(home) if home else DagsterInstance.ephemeral()
+        ranged = len(partitions) > 1
+        scope = ({RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]} if ranged
+                 else {})
         with hold_run_claim(instance, run_id):
             result = job.execute_in_process(
-                partition_key=partition, instance=instance, run_id=run_id, raise_on_error=False,
-                tags={ATTEMPT_TAG: attempt}, run_config=QUIET,
+                partition_key=None if ranged else partitions[0], instance=instance,
+                run_id=run_id, raise_on_error=False, tags={**scope, ATTEMPT_TAG: attempt},
+                run_config=QUIET,
             )
         success = result.success
+    except BaseException:
+        traceback.print_exc()  # os._exit below would swallow it
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0 if success else 1)
+        _exit(success)
+
+
+def _reexecution_child(location, environment: dict[str, str], home: str, parent_run_id: str,
+                       from_failure: bool, attempt: str, log_path: Path) -> None:
+    """The body of a forked re-execution; its exit code is 0 when the new run succeeded."""
+    success = False
+    try:
+        _log_to(log_path)
+        os.environ.update(environment)
+        # The job is reconstructed from ``mostovik_pipelines.defs``, which a fresh process
+        # builds from the environment; this one imported it long ago, so it is pointed at the
+        # warm runs' location (same warehouse, landing and storage, short retry delays), and
+        # any definition a parent reconstructed before the fork is forgotten.
+        definitions.defs = location
+        ReconstructableJob.get_definition.cache_clear()
+        ReconstructableJob.get_repository_definition.cache_clear()
+        instance = DagsterInstance.from_config(home)
+        if from_failure:
+            run_id = rerun_from_failure(instance, parent_run_id)
+        else:
+            parent = instance.get_run_by_id(parent_run_id)
+            assert parent is not None
+            tags = {k: v for k, v in parent.tags.items()
+                    if not k.startswith(PROCESS_TAG_PREFIXES) and k != STATUS_TAG}
+            job = ReconstructableRepository.for_module(
+                CODE_LOCATION_MODULE, CODE_LOCATION_ATTRIBUTE).get_reconstructable_job(JOB)
+            run_id = execute_job(
+                job, instance, run_config=parent.run_config, tags={**tags, ATTEMPT_TAG: attempt},
+                reexecution_options=ReexecutionOptions(parent_run_id=parent_run_id),
+                raise_on_error=False,
+            ).run_id
+        run = instance.get_run_by_id(run_id)
+        success = run is not None and run.status == DagsterRunStatus.SUCCESS
+    except BaseException:
+        traceback.print_exc()  # os._exit below would swallow it
+    finally:
+        _exit(success)
+
+
+def _log_to(log_path: Path) -> None:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+
+
+def _exit(success: bool) -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0 if success else 1)
 
 
 def wait_until(condition, handle: RunHandle, timeout: float, interval: float = 0.01) -> bool:
