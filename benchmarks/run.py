@@ -1,11 +1,16 @@
-"""``make bench``: the loader and the orchestration path, next to what users would pick instead.
+"""``make bench``: loader, orchestration, sync and files, next to what users would pick instead.
 
 Starts a throw-away PostgreSQL 15, generates its own data, measures every case in a process of
 its own and prints one report: medians of several repetitions, and ratios between figures
 measured in the same run. It reports; it asserts nothing about time.
 
-    python -m benchmarks.run            # the full benchmark (1,000,000 rows, a year of runs)
-    python -m benchmarks.run --quick    # a smoke run in about two minutes (100,000 rows)
+    python -m benchmarks.run            # the full benchmark (1,000,000 rows, a year of runs,
+                                        # a sync window of 100,000 records)
+    python -m benchmarks.run --quick    # a smoke run (100,000 rows, a 20,000-record window)
+
+Files (benchmarks/files.py): a 100,000-row delivery report as CSV and XLSX from the inbox to
+commit, next to pandas + ``to_sql``, and the inbox sensor over 10,000 waiting files (``--quick``:
+20,000 rows, 2,000 files; ``--skip-files`` leaves the section out).
 """
 
 from __future__ import annotations
@@ -25,15 +30,23 @@ from pathlib import Path
 import psutil
 import psycopg
 
+from benchmarks.files import FilesFigures, files_table, measure_files
 from benchmarks.loader import MODES, LoaderFigures, measure_loader
 from benchmarks.measure import Figure
 from benchmarks.orchestration import OrchestrationFigures, measure_orchestration
+from benchmarks.sync import SyncFigures, measure_sync
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 FULL = {"rows": 1_000_000, "repeat": 3, "to_sql_rows": 50_000, "runs": 3,
-        "per_partition_runs": 10, "backfill_days": 365}
+        "per_partition_runs": 10, "backfill_days": 365,
+        "sync_records": 100_000, "sync_windows": (10_000, 50_000), "sync_repeat": 2}
 QUICK = {"rows": 100_000, "repeat": 2, "to_sql_rows": 10_000, "runs": 2,
-         "per_partition_runs": 3, "backfill_days": 31}
+         "per_partition_runs": 3, "backfill_days": 31,
+         "sync_records": 20_000, "sync_windows": (5_000, 10_000), "sync_repeat": 1}
+
+FILES_FULL = {"files_rows": 100_000, "inbox_files": 10_000, "files_repeat": 2}
+FILES_QUICK = {"files_rows": 20_000, "inbox_files": 2_000, "files_repeat": 1}
+"""The files section (benchmarks/files.py): rows of the report, files in the sensor's inbox."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,10 +56,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, help="repetitions of every loader case")
     parser.add_argument("--skip-loader", action="store_true")
     parser.add_argument("--skip-orchestration", action="store_true")
+    parser.add_argument("--sync-records", type=int, help="records in the sync's window")
+    parser.add_argument("--sync-repeat", type=int, help="repetitions of the sync comparison")
+    parser.add_argument("--skip-sync", action="store_true")
+    parser.add_argument("--files-rows", type=int, help="rows in the delivery report (files)")
+    parser.add_argument("--inbox-files", type=int, help="files in the inbox sensor's inbox")
+    parser.add_argument("--files-repeat", type=int, help="repetitions of the files section")
+    parser.add_argument("--skip-files", action="store_true")
     options = parser.parse_args(argv)
+    files_settings = dict(FILES_QUICK if options.quick else FILES_FULL)
+    files_settings.update({k: v for k, v in (("files_rows", options.files_rows),
+                                             ("inbox_files", options.inbox_files),
+                                             ("files_repeat", options.files_repeat))
+                           if v is not None})
     settings = dict(QUICK if options.quick else FULL)
-    settings.update({k: v for k, v in (("rows", options.rows), ("repeat", options.repeat))
+    settings.update({k: v for k, v in (("rows", options.rows), ("repeat", options.repeat),
+                                       ("sync_records", options.sync_records),
+                                       ("sync_repeat", options.sync_repeat))
                      if v is not None})
+    settings["sync_windows"] = tuple(size for size in settings["sync_windows"]
+                                     if size < settings["sync_records"])
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -55,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     work_dir = Path(tempfile.mkdtemp(prefix="mostovik-bench-"))
     server = ThrowawayPostgres().start()
     try:
-        loader = orchestration = None
+        loader = orchestration = sync = None
         if not options.skip_loader:
             loader = measure_loader(server, work_dir, settings["rows"], settings["repeat"],
                                     settings["to_sql_rows"], log)
@@ -63,15 +92,24 @@ def main(argv: list[str] | None = None) -> None:
             orchestration = measure_orchestration(
                 server, work_dir, settings["runs"], settings["per_partition_runs"],
                 settings["backfill_days"], log)
+        if not options.skip_sync:
+            sync = measure_sync(server, work_dir, settings["sync_records"],
+                                settings["sync_windows"], settings["sync_repeat"], log)
+        files = None
+        if not options.skip_files:
+            files = measure_files(server, work_dir, files_settings["files_rows"],
+                                  files_settings["inbox_files"], files_settings["files_repeat"],
+                                  log)
         print(report(server, loader, orchestration, sys.argv[1:] if argv is None else argv,
-                     time.perf_counter() - started))
+                     time.perf_counter() - started, sync, files=files))
     finally:
         server.stop()
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def report(server: ThrowawayPostgres, loader: LoaderFigures | None,
-           orchestration: OrchestrationFigures | None, argv: list[str], seconds: float) -> str:
+           orchestration: OrchestrationFigures | None, argv: list[str], seconds: float,
+           sync: SyncFigures | None = None, *, files: FilesFigures | None = None) -> str:
     lines = [f"mostovik_pipelines benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
              f"took {seconds / 60:.1f} min",
              f"command: .venv/bin/python -m benchmarks.run {' '.join(argv)}".rstrip(),
@@ -81,6 +119,10 @@ def report(server: ThrowawayPostgres, loader: LoaderFigures | None,
         lines += _loader_table(loader, checks)
     if orchestration:
         lines += _orchestration_table(orchestration, checks)
+    if sync:
+        lines += _sync_table(sync, checks)
+    if files:
+        lines += files_table(files, checks)
     lines += ["", "Targets"]
     lines += [f"  [{'met' if ok else 'MISSED'}] {text}" for ok, text in checks]
     return "\n".join(lines)
@@ -183,6 +225,90 @@ def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]
              else f" (extrapolated from {o.backfill_partitions} partitions)")
     checks.append((year < 60, f"a year of daily partitions backfilled in {year:.0f} s{label} "
                               "(target < 60 s)"))
+    return lines
+
+
+def _sync_table(s: SyncFigures, checks: list[tuple[bool, str]]) -> list[str]:
+    dlt = s.dlt_first
+    pages = s.records // 100
+    lines = [
+        "",
+        f"Sync: erp_work_orders, one window of {s.records:,} records in {pages:,} pages of 100 "
+        f"from the stand-in (127.0.0.1), first request -> commit; median of "
+        f"{len(dlt.seconds)} runs, each in a process of its own; load average "
+        f"{s.load_before:.1f} before, {s.load_after:.1f} after",
+        f"{'case':<52}{'median s':>9}{'records/s':>11}{'vs dlt':>8}{'peak RSS':>10}"
+        f"{'sync RSS':>10}  tuples written ins/upd/del",
+    ]
+
+    def row(figure: Figure, written: dict[str, int] | None = None, note: str = "",
+            versus: Figure = dlt) -> str:
+        tuples = f"{written['ins']}/{written['upd']}/{written['del']}" if written else ""
+        return (f"{figure.label:<52}{figure.median:>9.2f}{figure.rows_per_second:>11,.0f}"
+                f"{figure.rows_per_second / versus.rows_per_second:>7.2f}x"
+                f"{figure.peak_mb:>7.0f} MB{figure.own_mb:>7.0f} MB  {tuples}{note}")
+
+    def counts(figure: Figure) -> str:
+        c = figure.counts or {}
+        return (f"  counts new/updated/unchanged {c.get('inserted')}/{c.get('updated')}/"
+                f"{c.get('unchanged')}")
+
+    lines.append(row(s.fetch))
+    lines.append(row(s.ours_first, s.ours_written, counts(s.ours_first)))
+    lines.append(row(s.ours_resync, s.ours_resync_written, counts(s.ours_resync),
+                     versus=s.dlt_resync))
+    lines.append(row(s.dlt_first, s.dlt_written))
+    lines.append(row(s.dlt_resync, s.dlt_resync_written, versus=s.dlt_resync))
+    if s.ours_big_pages and s.ours_big_pages.seconds:
+        lines.append(row(s.ours_big_pages, None, "  (not the issue's setting: per-page cost)"))
+
+    def steps(figure: Figure) -> str:
+        return ", ".join(f"{name} {seconds:.1f}" for name, seconds in
+                         s.median_steps(figure).items())
+
+    lines += [
+        "  where the time goes, median s per step: "
+        f"ours first sync: {steps(s.ours_first)}; re-sync: {steps(s.ours_resync)}",
+        f"  dlt first sync: {steps(s.dlt_first)}; re-sync: {steps(s.dlt_resync)}",
+        "  vs dlt: records/s against dlt's first sync (re-syncs: against dlt's re-sync).",
+        "  peak RSS: the process's peak; sync RSS: peak above the process just before the run",
+        "  (imports, code location or pipeline built). tuples written: pg_stat_user_tables",
+        "  n_tup_ins/upd/del deltas on the target table around the last run.",
+        "",
+        "Our peak memory by window size (first sync, a process each)",
+        f"{'records':>9}{'pages':>7}{'seconds':>9}{'records/s':>11}{'peak RSS':>10}"
+        f"{'sync RSS':>10}",
+    ]
+    sizes = sorted(s.memory)
+    for size in sizes:
+        figure = s.memory[size]
+        lines.append(f"{size:>9,}{size // 100:>7,}{figure.median:>9.2f}"
+                     f"{figure.rows_per_second:>11,.0f}{figure.peak_mb:>7.0f} MB"
+                     f"{figure.own_mb:>7.0f} MB")
+
+    ratio = s.ours_first.rows_per_second / dlt.rows_per_second
+    checks.append((ratio >= 2, f"ours first sync of {s.records:,} records at "
+                               f"{s.ours_first.rows_per_second:,.0f} records/s, {ratio:.2f}x "
+                               f"dlt's {dlt.rows_per_second:,.0f} (target >= 2x)"))
+    written = sum(s.ours_resync_written.values())
+    theirs = s.dlt_resync_written
+    checks.append((written == 0, f"ours re-sync of the unchanged window: {written} tuples written "
+                                 f"in {s.ours_resync.median:.1f} s (target 0); dlt's: "
+                                 f"{theirs.get('ins')}/{theirs.get('upd')}/{theirs.get('del')} "
+                                 f"ins/upd/del in {s.dlt_resync.median:.1f} s"))
+    if len(sizes) > 1:
+        small, large = s.memory[sizes[0]], s.memory[sizes[-1]]
+        growth = large.peak_mb - small.peak_mb
+        per_page = growth * 1024 / ((sizes[-1] - sizes[0]) // 100)
+        figures = " / ".join(f"{s.memory[size].peak_mb:.0f}" for size in sizes)
+        pages = " / ".join(f"{size // 100:,}" for size in sizes)
+        checks.append((growth <= 0.1 * small.peak_mb,
+                       f"our peak RSS flat in the number of pages: {figures} MB for {pages} "
+                       f"pages, {growth:+.0f} MB, {per_page:.0f} KB a page (target: the largest "
+                       f"window within 10% of the smallest's); the sync's own RSS "
+                       f"x{large.own_mb / small.own_mb:.1f} for x{sizes[-1] // sizes[0]} the "
+                       "pages (proportional would be x"
+                       f"{sizes[-1] // sizes[0]})"))
     return lines
 
 
