@@ -1,6 +1,11 @@
-"""The code location behind the real ``dagster-webserver`` and ``dagster-daemon``, on the
-production instance (deploy/dagster.yaml: PostgreSQL storage, the run queue), driven only the way
-the Dagster UI drives it: GraphQL over HTTP.
+"""The operator's day in the Dagster UI, through the real ``dagster-webserver`` and
+``dagster-daemon`` on the production instance (deploy/dagster.yaml: PostgreSQL storage, the run
+queue, freshness evaluation), driven only the way the Dagster UI drives it: GraphQL over HTTP.
+
+What the operator sees (assets with their schema, owners, kinds, checks and freshness; a
+partition's figures) and does (backfill partitions, re-execute a failed run from failure), and
+what reaches the team: one webhook alert per failed job and per stale source, at a local
+receiver, with no secret in it.
 
 One webserver and daemon serve the whole module (starting them costs ~20 s), so the tests share a
 warehouse and each works on partitions of its own.
@@ -8,20 +13,30 @@ warehouse and each works on partitions of its own.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
+import httpx
 import psycopg
 import pytest
+from dagster import AssetMaterialization, DagsterEvent, DagsterEventType, DagsterInstance
+from dagster._core.events import StepMaterializationData
+from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 
+from mostovik_pipelines.etl.checks import partition_checks
+from mostovik_pipelines.etl.spec import TransformRequest
+from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
+from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 from mostovik_pipelines_tests.support.webserver import DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -31,6 +46,15 @@ JOB = "cbr_daily_rates_job"
 SCHEDULE = "cbr_daily_rates_schedule"
 RATES_PER_DATE = 12
 MOSCOW = ZoneInfo("Europe/Moscow")
+SPECS = {spec.name: spec for spec in ALL_SOURCES}
+CHECKS = {spec.name: sorted(check.name for check in partition_checks(spec))
+          for spec in ALL_SOURCES}
+STALE_SOURCE = "erp_work_orders"
+"""Its last sync is made three hours old before the daemon starts: past its 2-hour policy."""
+ALERT_SENSORS = ("run_failure_alerts", "freshness_alerts")
+OUR_RUN_TAGS = {"mostovik/source", "mostovik/job_type", "mostovik/status"}
+"""The tags of ours a run shows in the run list (besides Dagster's own, period included): what
+operators filter by."""
 
 
 def _last_week(weekday: int) -> date:
@@ -46,9 +70,18 @@ CORRECTED_DATE = _last_week(4)
 
 
 @pytest.fixture(scope="module")
-def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
+def webhook() -> Iterator[WebhookReceiver]:
+    """The team's alert webhook, on 127.0.0.1; its URL carries a secret token."""
+    with WebhookReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook: WebhookReceiver,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServices]:
-    """Webserver and daemon on a fresh production instance database and a fresh warehouse."""
+    """Webserver and daemon on a fresh production instance database and a fresh warehouse, with
+    the alert webhook set, the ERP source's last sync three hours old, and the alert sensors
+    past their first tick."""
     work_dir = tmp_path_factory.mktemp("webserver")
     suffix = uuid.uuid4().hex[:8]
     dagster_db, warehouse_db = f"dagster_ui_{suffix}", f"wh_ui_{suffix}"
@@ -58,11 +91,20 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
     environment.update({
         "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
         "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+        "MOSTOVIK_ERP_URL": standin_server.erp_url,
         "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
         "MOSTOVIK_EXECUTOR": "in_process",
+        "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
+        # Dagster's own: how often the daemon evaluates freshness policies (default 30 s).
+        "FRESHNESS_DAEMON_INTERVAL_SECONDS": "5",
     })
+    _last_synced_hours_ago(home, environment, STALE_SOURCE, hours=3)
+    services = DagsterServices(work_dir, home, environment)
+    services.environment["MOSTOVIK_UI_URL"] = services.url  # the links in alerts
     try:
-        with DagsterServices(work_dir, home, environment) as running:
+        with services as running:
+            for name in ALERT_SENSORS:
+                running.graphql.wait_for_sensor_tick(name)
             yield running
     finally:
         with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
@@ -70,44 +112,108 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
                 connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def _last_synced_hours_ago(home, environment: dict[str, str], source: str, hours: int) -> None:
+    """Record a materialisation of ``source`` made ``hours`` ago (a sync that then stopped)."""
+    synced_at = datetime.now(UTC) - timedelta(hours=hours)
+    window = synced_at.astimezone(MOSCOW).date().isoformat()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in environment.items():
+            patch.setenv(name, value)
+        with DagsterInstance.from_config(str(home)) as instance:
+            instance.report_dagster_event(DagsterEvent(
+                event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+                event_specific_data=StepMaterializationData(
+                    AssetMaterialization(source, partition=window)),
+                job_name=RUNLESS_JOB_NAME,
+            ), run_id=RUNLESS_RUN_ID, timestamp=synced_at.timestamp())
+
+
 @pytest.fixture
 def warehouse_url(services: DagsterServices) -> str:
     return services.environment["MOSTOVIK_DATABASE_URL"]
 
 
-def test_the_code_location_loads_with_its_asset_job_and_schedule(services):
+def test_the_code_location_loads_with_its_assets_checks_jobs_schedules_and_sensors(services):
     assert services.graphql.location_statuses()[services.location_name] == "LOADED"
     assert services.graphql.location_load_error() is None
 
     contents = services.graphql.repository_contents()
-    assert ASSET in contents.asset_keys
-    assert JOB in contents.jobs
+    assert contents.asset_keys == sorted(SPECS)
+    assert set(contents.jobs) >= {f"{name}_job" for name in SPECS}
+    assert contents.schedules == {f"{name}_schedule": "RUNNING"
+                                  for name, spec in SPECS.items() if spec.schedule}
     assert SCHEDULE in contents.schedules
+    assert contents.sensors == {
+        **{f"{name}_inbox_sensor": "RUNNING" for name, spec in SPECS.items() if spec.sensor},
+        **{name: "RUNNING" for name in ALERT_SENSORS}}
+    assert contents.asset_checks == sorted(
+        f"{name}:{check}" for name, checks in CHECKS.items() for check in checks)
     daemons = services.graphql.daemon_statuses()
-    assert daemons["QUEUED_RUN_COORDINATOR"]["healthy"], daemons["QUEUED_RUN_COORDINATOR"]
-    assert daemons["BACKFILL"]["healthy"], daemons["BACKFILL"]
+    for daemon in ("QUEUED_RUN_COORDINATOR", "BACKFILL", "SENSOR", "SCHEDULER",
+                   "FRESHNESS_DAEMON"):
+        assert daemons[daemon]["healthy"], daemons[daemon]
 
 
-def test_a_failed_run_is_re_executed_from_failure_as_the_ui_does_it(services, standin):
+def test_every_source_reads_well_in_the_asset_graph(services):
+    for name, spec in SPECS.items():
+        node = services.graphql.asset_node(name)
+        assert node["description"] == spec.description
+        assert node["groupName"] == spec.job_type.value
+        assert sorted(node["kinds"]) == sorted({"postgres", spec.protocol})
+        assert node["owners"] == [{"__typename": "TeamAssetOwner",
+                                   "team": "back-office-data"}]
+        assert node["isPartitioned"]
+        [schema] = [entry["schema"] for entry in node["metadataEntries"]
+                    if entry["label"] == "dagster/column_schema"]
+        assert [column["name"] for column in schema["columns"]] == list(spec.table.columns.keys())
+        assert all(column["type"] for column in schema["columns"])
+    cbr, erp = services.graphql.asset_node(ASSET), services.graphql.asset_node(STALE_SOURCE)
+    assert cbr["internalFreshnessPolicy"] == {"__typename": "CronFreshnessPolicy",
+                                              "deadlineCron": "30 16 * * 1-5",
+                                              "timezone": "Europe/Moscow"}
+    assert erp["internalFreshnessPolicy"] == {"__typename": "TimeWindowFreshnessPolicy",
+                                              "failWindowSeconds": 7200}
+
+
+def test_a_failed_partition_alerts_once_and_is_re_executed_from_failure_to_exact_data(
+    services, standin, standin_server, warehouse_url, webhook
+):
+    """A backfill of a partition the CBR refuses (404, permanent), launched as the UI launches
+    it: its run (the implicit asset job) fails, the team gets one alert naming source, period
+    and error with a link to the run; "Re-execute from failure" after the fault is cleared
+    loads exactly what the source publishes, its checks passed."""
     partition = FAILING_DATE.isoformat()
-    # 404 is permanent: the extract fails at once, without retries.
     standin.fault("status", status=404, match=f"date_req={FAILING_DATE:%d/%m/%Y}")
 
-    failed_id = services.graphql.launch_job_run(JOB, partition, {"mostovik_test/case": "rerun"})
-    failed = services.graphql.wait_for_run(failed_id, timeout=120)
+    backfill_id = services.graphql.launch_partition_backfill([ASSET], [partition])
+    [failed] = services.graphql.wait_for_backfill_runs(backfill_id, timeout=150)
+    assert failed.job_name == "__ASSET_JOB"
     assert failed.status == "FAILURE", (failed, services.log_tails())
-    failure = "\n".join(services.graphql.run_errors(failed_id))
+    failure = "\n".join(services.graphql.run_errors(failed.run_id))
     assert "404" in failure, failure
-    assert failed.tags["dagster/partition"] == partition
+    assert failed.tags["mostovik/status"] == "failed"
 
     standin.clear_faults()
-    rerun_id = services.graphql.launch_reexecution(failed_id, "FROM_FAILURE")
-    rerun = services.graphql.wait_for_run(rerun_id, timeout=120)
+    rerun_id = services.graphql.launch_reexecution(failed.run_id, "FROM_FAILURE")
+    [alert] = webhook.wait_for(lambda a: a.get("run_id") == failed.run_id, timeout=60)
+    assert {k: alert[k] for k in ("kind", "source", "period", "job_status", "error_class",
+                                  "error_kind")} == {
+        "kind": "run_failure", "source": ASSET, "period": partition, "job_status": "failed",
+        "error_class": "permanent", "error_kind": "request_rejected"}
+    assert f"{ASSET} [{partition}] extract" in alert["message"] and "404" in alert["message"]
+    assert alert["link"] == f"{services.url}/runs/{failed.run_id}"
+    assert httpx.get(alert["link"]).status_code == 200
 
-    print(f"re-execution {rerun_id} of {failed_id}: {rerun.status}; tags {rerun.tags}")
-    assert rerun.parent_run_id == failed_id
-    assert rerun.root_run_id == failed_id
+    rerun = services.graphql.wait_for_run(rerun_id, timeout=120)
+    print(f"re-execution {rerun_id} of {failed.run_id}: {rerun.status}; tags {rerun.tags}")
+    assert rerun.parent_run_id == failed.run_id
+    assert rerun.root_run_id == failed.run_id
     assert rerun.status == "SUCCESS", services.graphql.run_errors(rerun_id)
+    assert rerun.tags["mostovik/status"] == "completed"
+    assert _stored_rates(warehouse_url, partition) == _published_rates(standin_server, partition)
+    for check in CHECKS[ASSET]:
+        latest = services.graphql.check_executions(ASSET, check, partition)[0]
+        assert (latest["runId"], latest["status"]) == (rerun_id, "SUCCEEDED"), check
 
 
 def test_an_old_run_re_executed_from_the_ui_never_puts_old_figures_back(
@@ -140,6 +246,26 @@ def test_an_old_run_re_executed_from_the_ui_never_puts_old_figures_back(
         assert again.parent_run_id == old_id
         assert again.tags.get("mostovik/status") == "completed"
         assert _usd(warehouse_url, partition) == Decimal("75.5000"), strategy
+
+
+def _stored_rates(warehouse_url: str, partition: str) -> dict[str, tuple]:
+    with psycopg.connect(dsn_of(warehouse_url)) as connection:
+        rows = connection.execute(
+            "SELECT char_code, rate_date, cbr_id, num_code, nominal, name, value, unit_rate "
+            "FROM cbr_daily_rates WHERE partition_date = %s", (date.fromisoformat(partition),))
+        return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def _published_rates(standin_server: StandinServer, partition: str) -> dict[str, tuple]:
+    """What the CBR (the stand-in) publishes for the date, parsed as the source parses it."""
+    asked = date.fromisoformat(partition)
+    response = httpx.get(standin_server.cbr_url, params={"date_req": f"{asked:%d/%m/%Y}"})
+    frame = cbr_daily_rates.parse_daily_rates(TransformRequest(
+        source=ASSET, partition_key=partition, content=response.content,
+        content_type="application/xml", fetched_at=datetime.now(UTC))).frame
+    assert len(frame) == RATES_PER_DATE
+    return {row.char_code: (row.rate_date, row.cbr_id, row.num_code, row.nominal, row.name,
+                            row.value, row.unit_rate) for row in frame.itertuples()}
 
 
 def _usd(warehouse_url: str, partition: str) -> Decimal:
@@ -176,6 +302,68 @@ def test_a_backfill_launched_from_the_ui_completes_through_the_daemon(
         partition: RATES_PER_DATE for partition in partitions
     }
     assert {day: after[day] for day in before} == before
+
+    # What the asset's partition view shows, and its plots read: the figures of each partition.
+    shown = services.graphql.partition_metadata(ASSET, partitions)
+    assert sorted(shown) == partitions
+    for partition, metadata in shown.items():
+        assert metadata["dagster/row_count"] == metadata["inserted"] == RATES_PER_DATE
+        assert metadata["updated"] == metadata["deleted"] == metadata["rejected"] == 0
+        assert metadata["duration_seconds"] > 0 and metadata["payload_bytes"] > 1000
+        assert len(metadata["content_hash"]) == 64
+        assert metadata["preview"].startswith("| partition_date | rate_date |")
+        assert partition in metadata["preview"]
+    # Every check has passed on every partition, in the backfill's run(s).
+    for check in CHECKS[ASSET]:
+        for partition in partitions:
+            [execution] = services.graphql.check_executions(ASSET, check, partition)
+            assert execution["status"] == "SUCCEEDED", (check, partition, execution)
+            assert execution["runId"] in {run.run_id for run in runs}
+
+
+def test_a_stale_source_shows_in_the_ui_and_raises_one_alert(services, webhook):
+    """The daemon evaluates the ERP sync's policy (within 2 hours) against its last sync, three
+    hours old: the asset shows degraded freshness and the team gets one alert."""
+    deadline = time.monotonic() + 60
+    while services.graphql.asset_node(STALE_SOURCE)["freshnessStatusInfo"][
+            "freshnessStatus"] != "DEGRADED":
+        assert time.monotonic() < deadline, services.log_tails()
+        time.sleep(1)
+    [alert] = webhook.wait_for(lambda a: a["kind"] == "freshness", timeout=60)
+    assert {k: alert[k] for k in ("source", "job_status", "error_class")} == {
+        "source": STALE_SOURCE, "job_status": "stale", "error_class": "freshness"}
+    assert alert["period"] == SPECS[STALE_SOURCE].partitions_def.get_last_partition_key()
+    assert "due within 2:00:00 of its last load" in alert["message"]
+    assert alert["link"] == f"{services.url}/assets/{STALE_SOURCE}"
+    # The rates were loaded in this module: fresh.
+    assert services.graphql.asset_node(ASSET)["freshnessStatusInfo"]["freshnessStatus"] in (
+        "HEALTHY", "UNKNOWN")
+
+
+def test_one_alert_per_failed_job_no_secret_in_any_and_a_readable_run_list(
+    services, webhook, postgres
+):
+    runs = services.graphql.runs({}, limit=200)
+    failed = {run.run_id for run in runs if run.status == "FAILURE"}
+    assert failed, "the module's failing runs are gone"
+    webhook.wait_for(lambda a: failed <= {
+        alert.get("run_id") for alert in webhook.alerts}, timeout=60)
+    time.sleep(3)  # a duplicate would come with the sensor's next tick
+    run_alerts = [alert["run_id"] for alert in webhook.alerts if alert["kind"] == "run_failure"]
+    assert sorted(run_alerts) == sorted(failed)
+    assert [a["source"] for a in webhook.alerts if a["kind"] == "freshness"] == [STALE_SOURCE]
+
+    sent = json.dumps(webhook.alerts)
+    for secret in (postgres.password, webhook.token, os.environ.get("MOSTOVIK_ERP_TOKEN")):
+        assert not secret or secret not in sent
+    # The webhook's own URL is a secret too: in no log, tick log or file the services wrote.
+    token = webhook.token.encode()
+    assert [path for path in services.work_dir.rglob("*")
+            if path.is_file() and token in path.read_bytes()] == []
+    # Run tags: what operators filter by; the steps' hosts and processes are events.
+    for run in runs:
+        assert {tag for tag in run.tags if not tag.startswith(("dagster/", ".dagster/"))} <= (
+            OUR_RUN_TAGS), run.tags
 
 
 def _rows_per_date(warehouse_url: str) -> dict[str, int]:

@@ -446,6 +446,143 @@ LAUNCH_PIPELINE_REEXECUTION_MUTATION = """
 """ + PYTHON_ERROR_FRAGMENT
 
 
+ASSET_NODE_QUERY = """
+  query AssetNodeQuery($assetKey: AssetKeyInput!) {
+    assetNodeOrError(assetKey: $assetKey) {
+      __typename
+      ... on AssetNode {
+        id
+        description
+        groupName
+        kinds
+        isPartitioned
+        owners {
+          __typename
+          ... on TeamAssetOwner {
+            team
+          }
+          ... on UserAssetOwner {
+            email
+          }
+        }
+        metadataEntries {
+          __typename
+          label
+          ... on TableSchemaMetadataEntry {
+            schema {
+              columns {
+                name
+                type
+                description
+              }
+            }
+          }
+        }
+        internalFreshnessPolicy {
+          __typename
+          ... on CronFreshnessPolicy {
+            deadlineCron
+            timezone
+          }
+          ... on TimeWindowFreshnessPolicy {
+            failWindowSeconds
+          }
+        }
+        freshnessStatusInfo {
+          freshnessStatus
+        }
+      }
+      ... on AssetNotFoundError {
+        message
+      }
+    }
+  }
+"""
+
+ASSET_MATERIALIZATIONS_QUERY = """
+  query AssetPartitionEventsQuery($assetKey: AssetKeyInput!, $partitions: [String!]) {
+    assetNodeOrError(assetKey: $assetKey) {
+      __typename
+      ... on AssetNode {
+        id
+        assetMaterializations(partitions: $partitions) {
+          partition
+          runId
+          metadataEntries {
+            __typename
+            label
+            ... on IntMetadataEntry {
+              intValue
+            }
+            ... on FloatMetadataEntry {
+              floatValue
+            }
+            ... on TextMetadataEntry {
+              text
+            }
+            ... on MarkdownMetadataEntry {
+              mdStr
+            }
+          }
+        }
+      }
+      ... on AssetNotFoundError {
+        message
+      }
+    }
+  }
+"""
+
+ASSET_CHECK_EXECUTIONS_QUERY = """
+  query AssetCheckExecutionsQuery(
+    $assetKey: AssetKeyInput!
+    $checkName: String!
+    $partition: String
+    $limit: Int!
+  ) {
+    assetCheckExecutions(
+      assetKey: $assetKey
+      checkName: $checkName
+      partition: $partition
+      limit: $limit
+    ) {
+      id
+      runId
+      status
+      partition
+      evaluation {
+        severity
+        description
+      }
+    }
+  }
+"""
+
+SENSOR_TICKS_QUERY = """
+  query SensorTicksQuery($sensorSelector: SensorSelector!) {
+    sensorOrError(sensorSelector: $sensorSelector) {
+      __typename
+      ... on Sensor {
+        id
+        sensorState {
+          id
+          status
+          ticks(limit: 5) {
+            id
+            status
+            timestamp
+          }
+        }
+      }
+      ... on SensorNotFoundError {
+        message
+      }
+      ...PythonErrorFragment
+    }
+  }
+""" + PYTHON_ERROR_FRAGMENT
+
+
 class DagsterGraphQL:
     """The webserver's GraphQL API at ``url``, used as the Dagster UI uses it.
 
@@ -561,6 +698,19 @@ class DagsterGraphQL:
         """The runs a backfill launched (tagged ``dagster/backfill``), newest first."""
         return self.runs({"tags": [{"key": "dagster/backfill", "value": backfill_id}]})
 
+    def wait_for_backfill_runs(self, backfill_id: str, timeout: float = 90) -> list[RunInfo]:
+        """The backfill's runs once the daemon has launched one and they are all finished,
+        without waiting for the daemon to mark the backfill itself finished (its next pass)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = self.runs_of_backfill(backfill_id)
+            if runs and all(run.status in TERMINAL_RUN_STATUSES for run in runs):
+                return runs
+            if time.monotonic() > deadline:
+                raise AssertionError(f"backfill {backfill_id}: runs {runs} not finished after "
+                                     f"{timeout:.0f} s\n{self.diagnostics()}")
+            time.sleep(0.5)
+
     def runs(self, runs_filter: Mapping[str, Any], limit: int = 100) -> list[RunInfo]:
         """Runs matching a GraphQL ``RunsFilter``, newest first."""
         result = _expect(
@@ -650,6 +800,54 @@ class DagsterGraphQL:
                     f"backfill {backfill_id} still {backfill.status} after {timeout:.0f} s; "
                     f"its runs: {runs}\n{self.diagnostics()}"
                 )
+            time.sleep(1)
+
+    def asset_node(self, asset_key: str) -> dict[str, Any]:
+        """What the asset graph and the asset page show of an asset: description, group,
+        kinds, owners, metadata (the column schema), freshness policy and status."""
+        return _expect(self.execute(ASSET_NODE_QUERY, {"assetKey": {"path": [asset_key]}})[
+            "assetNodeOrError"], "AssetNode")
+
+    def partition_metadata(self, asset_key: str,
+                           partitions: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Partition -> the metadata of its latest materialisation, as the asset's partition
+        view shows it and its plots read it (numbers as numbers, Markdown as text)."""
+        node = _expect(self.execute(ASSET_MATERIALIZATIONS_QUERY, {
+            "assetKey": {"path": [asset_key]}, "partitions": list(partitions),
+        })["assetNodeOrError"], "AssetNode")
+        latest: dict[str, dict[str, Any]] = {}
+        for event in node["assetMaterializations"]:  # newest first
+            if event["partition"] in latest:
+                continue
+            latest[event["partition"]] = {"run_id": event["runId"], **{
+                entry["label"]: next((entry[field] for field in (
+                    "intValue", "floatValue", "text", "mdStr") if field in entry), None)
+                for entry in event["metadataEntries"]}}
+        return latest
+
+    def check_executions(self, asset_key: str, check_name: str,
+                         partition: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """The executions of an asset check (of one partition), newest first: run id, status
+        (``SUCCEEDED``, ``FAILED``...), partition, and the evaluation's severity."""
+        return self.execute(ASSET_CHECK_EXECUTIONS_QUERY, {
+            "assetKey": {"path": [asset_key]}, "checkName": check_name,
+            "partition": partition, "limit": limit,
+        })["assetCheckExecutions"]
+
+    def sensor_ticks(self, sensor_name: str) -> list[dict[str, Any]]:
+        """The latest ticks of a sensor, newest first."""
+        sensor = _expect(self.execute(SENSOR_TICKS_QUERY, {"sensorSelector": {
+            **self._repository_selector(), "sensorName": sensor_name,
+        }})["sensorOrError"], "Sensor")
+        return sensor["sensorState"]["ticks"]
+
+    def wait_for_sensor_tick(self, sensor_name: str, timeout: float = 60) -> None:
+        """Once the daemon has evaluated the sensor at least once."""
+        deadline = time.monotonic() + timeout
+        while not self.sensor_ticks(sensor_name):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sensor {sensor_name} has no tick after {timeout:.0f} s\n"
+                                     f"{self.diagnostics()}")
             time.sleep(1)
 
     def _repository_selector(self) -> dict[str, str]:

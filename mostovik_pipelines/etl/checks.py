@@ -1,0 +1,260 @@
+"""Asset checks of every source table, run on each partition right after its load commits.
+
+Every source's asset has these checks, each a few SQL statements against the warehouse for the
+partition just loaded:
+
+* ``natural_key_unique`` (blocking): no natural key of the partition's rows is stored twice;
+* ``rows_in_partition`` (blocking): every row the run wrote is stored under a partition the run
+  loaded, so none strayed outside its partition;
+* ``quarantine_share`` (warns, never blocks): the partition's quarantined rows are at most the
+  source's ``max_rejected_share`` of the rows it sent;
+* a merge-by-version source (a sync) also ``version_never_goes_down`` (blocking): no key the load
+  received is stored with an older version than the one received (an older version received is
+  ignored, never a failure);
+* and the source's own (``SourceSpec.checks``).
+
+The checks are partitioned like their asset, and the load step records one result per check per
+partition it materialises, in a ranged run too, where Dagster would not evaluate them on its own
+(``AssetCheckEvaluation(partition=...)``). A failed blocking check (not a warning) fails its
+partition after the load: the job fails, the UI shows the check red with what it found, and
+downstream assets that wait for blocking checks do not run on it. A check that cannot run (the
+database is gone) fails the same way: nothing unchecked passes for checked.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterInstance,
+    MetadataValue,
+    PreviewWarning,
+)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from sqlalchemy import Engine, func, select, tuple_
+
+from mostovik_pipelines.etl.asset_view import markdown_table
+from mostovik_pipelines.etl.errors import classify
+from mostovik_pipelines.etl.loading import LoadMode
+from mostovik_pipelines.etl.quarantine import quarantined_rows
+from mostovik_pipelines.etl.spec import CheckRequest, CheckResult, PartitionCheck, SourceSpec
+
+SAMPLE_ROWS = 5
+"""Offending rows shown in a failed check's metadata."""
+VERSION_BATCH = 1000
+"""Keys per query when comparing received and stored versions."""
+
+
+def partition_checks(spec: SourceSpec) -> list[PartitionCheck]:
+    """Every check of the source's asset: the framework's, then the source's own."""
+    checks = [_natural_key_unique(spec), _rows_in_partition(spec), _quarantine_share(spec)]
+    if spec.load_mode is LoadMode.MERGE_BY_VERSION:
+        checks.append(_version_never_goes_down(spec))
+    return [*checks, *spec.checks]
+
+
+def check_specs(spec: SourceSpec) -> list[AssetCheckSpec]:
+    """The checks as Dagster declares them on the asset: partitioned like it."""
+    with warnings.catch_warnings():
+        # Partitioned asset checks are a preview in Dagster 1.13; they are what lets the UI show
+        # a result per partition.
+        warnings.simplefilter("ignore", PreviewWarning)
+        return [
+            AssetCheckSpec(check.name, asset=spec.name, description=check.description,
+                           blocking=check.blocking, partitions_def=spec.partitions_def)
+            for check in partition_checks(spec)
+        ]
+
+
+def evaluate_partition(engine: Engine, spec: SourceSpec, partition_key: str, run_id: str,
+                       received: pd.DataFrame, received_rows: int,
+                       loaded_by_run: Sequence[Any], instance: DagsterInstance | None = None,
+                       ) -> list[AssetCheckEvaluation]:
+    """Run every check of the source on one loaded partition; one evaluation per check.
+
+    ``received`` holds the natural key (and version) of the rows the load received,
+    ``received_rows`` counts the rows the source sent (quarantined ones included), and
+    ``loaded_by_run`` the partition values the run has loaded so far, this one included.
+    With the ``instance``, each evaluation names the partition's latest materialisation (just
+    recorded by the load) as what it checked: the UI then counts it as the partition's
+    current result."""
+    asset_key = AssetKey(spec.name)
+    target = _latest_materialization(instance, asset_key, partition_key) if instance else None
+    evaluations = []
+    with engine.connect() as connection:
+        request = CheckRequest(
+            connection=connection, table=spec.table, partition_key=partition_key,
+            partition_value=spec.load_target.partition_value(partition_key), run_id=run_id,
+            received=received, received_rows=received_rows, loaded_by_run=tuple(loaded_by_run),
+        )
+        for check in partition_checks(spec):
+            started = time.monotonic()
+            try:
+                result = check.evaluate(request)
+            except Exception as exc:
+                connection.rollback()
+                result = CheckResult(False, f"the check could not run: {classify(exc).reason}")
+            metadata = {**result.metadata,
+                        "check_seconds": MetadataValue.float(
+                            round(time.monotonic() - started, 3))}
+            evaluations.append(AssetCheckEvaluation(
+                asset_key=asset_key, check_name=check.name, passed=result.passed,
+                partition=partition_key, description=result.description, metadata=metadata,
+                severity=AssetCheckSeverity.WARN if result.warning else AssetCheckSeverity.ERROR,
+                blocking=check.blocking, target_materialization_data=target,
+            ))
+        connection.rollback()
+    return evaluations
+
+
+def _latest_materialization(instance: DagsterInstance, asset_key: AssetKey, partition_key: str,
+                            ) -> AssetCheckEvaluationTargetMaterializationData | None:
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition_key]), limit=1,
+        ascending=False).records
+    if not records:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=records[0].storage_id, run_id=records[0].run_id,
+        timestamp=records[0].timestamp)
+
+
+def blocks(evaluation: AssetCheckEvaluation) -> bool:
+    """A failed blocking check with ERROR severity: the partition fails."""
+    return (not evaluation.passed and bool(evaluation.blocking)
+            and evaluation.severity is AssetCheckSeverity.ERROR)
+
+
+# --- the framework's checks -------------------------------------------------------------------
+
+NATURAL_KEY_UNIQUE = "natural_key_unique"
+ROWS_IN_PARTITION = "rows_in_partition"
+QUARANTINE_SHARE = "quarantine_share"
+VERSION_NEVER_GOES_DOWN = "version_never_goes_down"
+
+
+def _natural_key_unique(spec: SourceSpec) -> PartitionCheck:
+    def evaluate(request: CheckRequest) -> CheckResult:
+        table = request.table
+        keys = [table.c[name] for name in spec.natural_key]
+        in_partition = select(*keys).where(
+            table.c[spec.partition_column] == request.partition_value)
+        # A key of the partition stored twice anywhere in the table: the partition column is
+        # not always part of the key (a sync's record moves between windows).
+        key_of_partition = (keys[0].in_(in_partition) if len(keys) == 1
+                            else tuple_(*keys).in_(in_partition))
+        duplicated = (select(*keys, func.count().label("copies")).where(key_of_partition)
+                      .group_by(*keys).having(func.count() > 1))
+        count = request.connection.scalar(select(func.count()).select_from(
+            duplicated.subquery()))
+        if not count:
+            return CheckResult(True, f"every natural key ({', '.join(spec.natural_key)}) of the "
+                                     "partition is stored once",
+                               {"duplicated_keys": MetadataValue.int(0)})
+        sample = request.connection.execute(duplicated.limit(SAMPLE_ROWS)).fetchall()
+        return CheckResult(
+            False, f"{count} natural key(s) of the partition are stored more than once",
+            {"duplicated_keys": MetadataValue.int(count),
+             "sample": MetadataValue.md(markdown_table([*spec.natural_key, "copies"], sample))})
+
+    return PartitionCheck(
+        NATURAL_KEY_UNIQUE,
+        f"No natural key ({', '.join(spec.natural_key)}) of the partition's rows is stored twice "
+        f"in {spec.table.name}.", evaluate)
+
+
+def _rows_in_partition(spec: SourceSpec) -> PartitionCheck:
+    def evaluate(request: CheckRequest) -> CheckResult:
+        table = request.table
+        column = table.c[spec.partition_column]
+        # Rows written by the run carry its id; in a ranged run, by the time this partition is
+        # checked, the run has written only the partitions it loaded so far.
+        outside = select(column, *(table.c[name] for name in spec.natural_key)).where(
+            table.c.changed_by_run == request.run_id,
+            column.not_in(list(request.loaded_by_run)))
+        count = request.connection.scalar(select(func.count()).select_from(outside.subquery()))
+        if not count:
+            return CheckResult(True, f"every row the run wrote is under {spec.partition_column} "
+                                     f"{request.partition_value} or another partition it loaded",
+                               {"rows_outside": MetadataValue.int(0)})
+        sample = request.connection.execute(outside.limit(SAMPLE_ROWS)).fetchall()
+        return CheckResult(
+            False, f"{count} row(s) the run wrote are outside every partition it loaded",
+            {"rows_outside": MetadataValue.int(count),
+             "sample": MetadataValue.md(markdown_table(
+                 [spec.partition_column, *spec.natural_key], sample))})
+
+    return PartitionCheck(
+        ROWS_IN_PARTITION,
+        f"Every row the run wrote to {spec.table.name} is stored under a partition the run "
+        f"loaded ({spec.partition_column}): none strayed outside its partition.", evaluate)
+
+
+def _quarantine_share(spec: SourceSpec) -> PartitionCheck:
+    threshold = spec.max_rejected_share or 0.0
+
+    def evaluate(request: CheckRequest) -> CheckResult:
+        quarantined = request.connection.scalar(
+            select(func.count()).select_from(quarantined_rows).where(
+                quarantined_rows.c.source == spec.name,
+                quarantined_rows.c.partition_key == request.partition_key)) or 0
+        share = quarantined / request.received_rows if request.received_rows else 0.0
+        metadata = {"quarantined": MetadataValue.int(quarantined),
+                    "received": MetadataValue.int(request.received_rows),
+                    "share": MetadataValue.float(round(share, 4)),
+                    "threshold": MetadataValue.float(threshold)}
+        if share <= threshold:
+            return CheckResult(True, f"{quarantined} of {request.received_rows} rows quarantined "
+                                     f"({share:.1%}, at most {threshold:.0%})", metadata)
+        return CheckResult(False, f"{quarantined} of {request.received_rows} rows quarantined: "
+                                  f"{share:.1%}, above the source's {threshold:.0%}",
+                           metadata, warning=True)
+
+    return PartitionCheck(
+        QUARANTINE_SHARE,
+        f"At most {threshold:.0%} of the rows the source sent for the partition are quarantined "
+        "(warns; never blocks).", evaluate, blocking=False)
+
+
+def _version_never_goes_down(spec: SourceSpec) -> PartitionCheck:
+    key, version = spec.natural_key[0], spec.version_column
+    assert len(spec.natural_key) == 1 and version is not None
+
+    def evaluate(request: CheckRequest) -> CheckResult:
+        table = request.table
+        received = request.received.drop_duplicates(subset=[key]).set_index(key)[version]
+        lower = []
+        ids = list(received.index)
+        for start in range(0, len(ids), VERSION_BATCH):
+            batch = ids[start:start + VERSION_BATCH]
+            stored = request.connection.execute(
+                select(table.c[key], table.c[version]).where(table.c[key].in_(batch)))
+            lower += [(row[0], row[1], int(received[row[0]])) for row in stored
+                      if row[1] < int(received[row[0]])]
+        metadata = {"keys_compared": MetadataValue.int(len(ids)),
+                    "versions_gone_down": MetadataValue.int(len(lower))}
+        if not lower:
+            return CheckResult(True, f"no {key} of the load is stored with an older {version} "
+                                     "than the one received", metadata)
+        return CheckResult(
+            False, f"{len(lower)} {key}(s) are stored with an older {version} than the load "
+                   "received",
+            {**metadata, "sample": MetadataValue.md(markdown_table(
+                [key, f"stored {version}", f"received {version}"], lower[:SAMPLE_ROWS]))})
+
+    return PartitionCheck(
+        VERSION_NEVER_GOES_DOWN,
+        f"No {key} the load received is stored with an older {version}: a version never goes "
+        "down (an older one received is ignored).", evaluate)
+

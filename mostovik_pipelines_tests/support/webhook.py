@@ -1,0 +1,73 @@
+"""A local alert webhook: an HTTP server on 127.0.0.1 that keeps every JSON body posted to its
+secret path, and can answer the next posts with a failure (to see them retried)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class WebhookReceiver:
+    """``url`` carries a random token in its path, as real incoming webhooks do: a test can
+    check that the token (a secret) never shows anywhere."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(12)
+        self.alerts: list[dict[str, Any]] = []
+        self.requests = 0
+        self._failures: list[int] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with receiver._lock:
+                    receiver.requests += 1
+                    status = receiver._failures.pop(0) if receiver._failures else 200
+                    if status == 200 and self.path == f"/hook/{receiver.token}":
+                        receiver.alerts.append(json.loads(body))
+                    elif status == 200:
+                        status = 404
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook/{self.token}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> WebhookReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def fail_next(self, *statuses: int) -> None:
+        """Answer the next posts with these statuses, one each."""
+        with self._lock:
+            self._failures.extend(statuses)
+
+    def wait_for(self, matching: Callable[[dict[str, Any]], bool], timeout: float = 60,
+                 ) -> list[dict[str, Any]]:
+        """The alerts received that match, once there is at least one; fails after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                found = [alert for alert in self.alerts if matching(alert)]
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no matching alert in {timeout:.0f} s; received: "
+                                     f"{self.alerts}")
+            time.sleep(0.5)
