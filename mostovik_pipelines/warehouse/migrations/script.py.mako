@@ -1,13 +1,14 @@
 """${message}
 
+Frozen history: plain DDL only; import nothing of mostovik_pipelines here (a source's table is
+best written by `mostovik new-source NAME --migration-only`, which freezes its conventions).
+
 Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 """
 
 import sqlalchemy as sa
 from alembic import op
-
-import mostovik_pipelines.warehouse.types
 ${imports if imports else ""}
 
 revision = ${repr(up_revision)}

@@ -1,13 +1,13 @@
 """cbr_daily_rates: official CBR exchange rates per date asked for
 
+Frozen history: plain DDL only (exact decimals: NUMERIC, their text on SQLite).
+
 Revision ID: 0001
 Revises:
 """
 
 import sqlalchemy as sa
 from alembic import op
-
-from mostovik_pipelines.warehouse.types import ExactDecimal
 
 revision = "0001"
 down_revision = None
@@ -16,6 +16,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    exact = sa.Numeric().with_variant(sa.String(), "sqlite")
     op.create_table(
         "cbr_daily_rates",
         sa.Column("partition_date", sa.Date(), nullable=False,
@@ -29,9 +30,9 @@ def upgrade() -> None:
         sa.Column("nominal", sa.Integer(), nullable=False,
                   comment="units of the currency the value is for"),
         sa.Column("name", sa.String(255), nullable=False),
-        sa.Column("value", ExactDecimal(), nullable=False,
+        sa.Column("value", exact, nullable=False,
                   comment="roubles per nominal, as published"),
-        sa.Column("unit_rate", ExactDecimal(), nullable=False, comment="roubles per one unit"),
+        sa.Column("unit_rate", exact, nullable=False, comment="roubles per one unit"),
         sa.Column("loaded_by_run", sa.String(64), nullable=False,
                   comment="run that inserted the row"),
         sa.Column("loaded_at", sa.DateTime(timezone=True), nullable=False),

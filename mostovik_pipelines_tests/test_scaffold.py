@@ -1,0 +1,77 @@
+"""`mostovik new-source`: what it writes for each kind of source passes its tests at once, honours
+the whole contract, is lint-clean, and its migration imports nothing of the project. Run on a
+copy of the repository, so the real one is never touched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mostovik_pipelines.scaffold import ScaffoldRefused, new_source
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = {"scaffold_parser": "parser", "scaffold_sync": "sync", "scaffold_file": "file"}
+COPIED = ("mostovik_pipelines", "mostovik_pipelines_tests", "pyproject.toml", "setup.cfg",
+          "dagster.yaml", "workspace.yaml")
+
+
+def _copy_of_the_repository(target: Path) -> Path:
+    for name in COPIED:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, target / name,
+                            ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        else:
+            shutil.copy(source, target / name)
+    return target
+
+
+def _run(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_path):
+    copy = _copy_of_the_repository(tmp_path / "repo")
+    scaffold = "; ".join(f"new_source({name!r}, {kind!r})" for name, kind in KINDS.items())
+    written = _run([sys.executable, "-c",
+                    f"from mostovik_pipelines.scaffold import new_source; {scaffold}"],
+                   copy, timeout=300)
+    assert written.returncode == 0, written.stderr[-3000:]
+    for name in KINDS:
+        migration = next((copy / "mostovik_pipelines/warehouse/migrations/versions").glob(
+            f"*_{name}.py")).read_text()
+        assert "mostovik_pipelines" not in migration.split('"""')[2]
+        assert f'CREATE TRIGGER "{name}_written_outside_loader"' in migration
+
+    ruff = Path(sys.executable).parent / "ruff"
+    if ruff.exists():
+        linted = _run([str(ruff), "check", "--no-cache", "mostovik_pipelines",
+                       "mostovik_pipelines_tests"], copy, timeout=120)
+        assert linted.returncode == 0, linted.stdout[-3000:]
+
+    tests = [f"mostovik_pipelines_tests/sources/test_{name}.py" for name in KINDS]
+    contract = "mostovik_pipelines_tests/test_source_contract.py"
+    selected = " or ".join(KINDS)
+    tested = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
+                   f"{contract}::test_every_source_honours_the_whole_contract", "-k", selected],
+                  copy, timeout=600)
+    assert tested.returncode == 0, tested.stdout[-5000:]
+    assert " passed" in tested.stdout and "failed" not in tested.stdout
+
+
+@pytest.mark.parametrize(("name", "kind", "refusal"), [
+    ("CbrRates", "parser", "is not a source name"),
+    ("a_source_name_longer_than_24", "parser", "at most 24 characters"),
+    ("cbr_daily_rates", "parser", r"exist\(s\) already"),
+    ("new_one", "scraper", "--type is one of parser, sync, file"),
+])
+def test_the_scaffold_refuses_what_it_cannot_write(name, kind, refusal):
+    with pytest.raises(ScaffoldRefused, match=refusal):
+        new_source(name, kind)
