@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: install demo dev test system-deps bench chaos lint clean
+.PHONY: install demo dev test system-deps bench chaos lint clean screenshots
 
 $(BIN)/mostovik: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ demo: install
 dev: install
 	$(BIN)/mostovik db upgrade
 	$(BIN)/mostovik standin --port 8765 & trap "kill $$!" EXIT; \
-	MOSTOVIK_CBR_URL=http://127.0.0.1:8765/cbr/XML_daily.asp \
+	env $$($(BIN)/mostovik standin --port 8765 --print-env) \
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 ## The test suite. The tests start the throw-away PostgreSQL and Redis servers they need.
@@ -49,6 +49,16 @@ bench: install
 ## The randomized reliability suite: crashes, faults and duplicates against real PostgreSQL.
 chaos: install
 	$(BIN)/python -m mostovik_pipelines_tests.chaos $(CHAOS_ARGS)
+
+## Screenshots of the Dagster UI on 30 days of demo data into docs/screenshots/ (headless
+## Chromium, the Debian package chromium; installed with apt when run as root).
+screenshots: install
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else echo "install the Debian package chromium first" >&2; exit 1; fi; }
+	$(BIN)/mostovik demo --days 30
+	$(BIN)/python scripts/screenshots.py --out docs/screenshots
 
 lint: install
 	$(BIN)/ruff check mostovik_pipelines mostovik_pipelines_tests

@@ -67,14 +67,61 @@ def db_forget_digests(table: str | None) -> None:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8765, show_default=True, type=int)
-def standin(host: str, port: int) -> None:
+@click.option("--print-env", is_flag=True,
+              help="Print NAME=URL for every source with a stand-in endpoint, and exit.")
+def standin(host: str, port: int, print_env: bool) -> None:
     """Serve the local stand-in for the external sources until interrupted."""
     from mostovik_pipelines.standin import StandinServer
 
+    if print_env:
+        for name, url in _standin_environment(f"http://{host}:{port}").items():
+            click.echo(f"{name}={url}")
+        return
     server = StandinServer(host, port)
-    click.echo(f"stand-in sources at {server.url} (CBR: {server.cbr_url})")
+    click.echo(f"stand-in sources at {server.url}:")
+    for name, url in _standin_environment(server.url).items():
+        click.echo(f"  {name}={url}")
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
+
+
+def _standin_environment(base_url: str) -> dict[str, str]:
+    """The settings that point every source with a stand-in endpoint at the stand-in serving
+    at ``base_url``, each source's own ``url_setting``."""
+    from mostovik_pipelines.sources import ALL_SOURCES
+    from mostovik_pipelines.standin.endpoint import discover_endpoints
+
+    endpoints = discover_endpoints()
+    return {spec.url_setting: f"{base_url}{endpoints[spec.name].path}" for spec in ALL_SOURCES
+            if spec.url_setting and spec.name in endpoints}
+
+
+@main.command("new-source")
+@click.argument("name")
+@click.option("--type", "job_type", type=click.Choice(["parser", "sync", "file"]),
+              help="parser: a daily HTTP fetch; sync: paged incremental sync; file: an inbox.")
+@click.option("--migration-only", is_flag=True,
+              help="Write the source's migration again from its declared table (while it is "
+                   "the newest migration).")
+def new_source(name: str, job_type: str | None, migration_only: bool) -> None:
+    """Scaffold source NAME: its module, partitions, stand-in endpoint, test, bad-input corpus
+    and migration, passing their tests as written (docs/adding-a-source.md)."""
+    from mostovik_pipelines.scaffold import ScaffoldRefused, new_source, source_migration
+    from mostovik_pipelines.warehouse.freeze import MigrationRefused
+
+    if not migration_only and job_type is None:
+        _fail(EXIT_USAGE, "give --type parser, sync or file (or --migration-only)")
+    try:
+        written = [source_migration(name)] if migration_only else new_source(name, job_type)
+    except (ScaffoldRefused, MigrationRefused) as refused:
+        _fail(EXIT_USAGE, str(refused))
+    for item in written:
+        click.echo(str(item))
+    if not migration_only:
+        click.echo(f"next: declare {name}'s table and parse its payload in "
+                   f"mostovik_pipelines/sources/{name}.py, serve its format in "
+                   f"mostovik_pipelines/standin/{name}.py (file sources: none), then "
+                   f"`mostovik new-source {name} --migration-only` and `make test`")
 
 
 @main.command()
@@ -100,8 +147,7 @@ def demo(days: int, sync_days: int) -> None:
     click.echo(f"stand-in at {server.url}; warehouse {resolved_database_url()}")
     # The code location reads the sources' URLs when it loads, so the runs get a process of
     # their own that starts with the stand-in's addresses.
-    environment = {**os.environ, "MOSTOVIK_CBR_URL": server.cbr_url,
-                   "MOSTOVIK_ERP_URL": server.erp_url}
+    environment = {**os.environ, **_standin_environment(server.url)}
     failed = 0
     try:
         for source, last in (("cbr_daily_rates", days), ("erp_work_orders", sync_days)):
@@ -255,8 +301,10 @@ def jobs_show(run_id: str, as_json: bool) -> None:
     for partition, reason in job.left_out.items():
         click.echo(f"  left out {partition}: {reason}")
     click.echo(f"{'attempts':<17} {data['attempts'] or '-'}")
-    if job.celery_tasks:
-        click.echo(f"{'celery tasks':<17} {job.celery_tasks}")
+    click.echo(f"{'processes':<17} {'' if job.processes else '-'}".rstrip())
+    for op_name, process in job.processes.items():
+        task = job.celery_tasks.get(op_name)
+        click.echo(f"  {op_name:<15} {process}" + (f", celery task {task}" if task else ""))
     for error in job.errors:
         click.echo(f"error in {error.op or 'run'} ({error.error_class}"
                    f"{', ' + error.kind if error.kind else ''}): {error.message}")

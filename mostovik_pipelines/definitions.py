@@ -7,6 +7,7 @@ from typing import Any
 
 from dagster import Definitions, FilesystemIOManager
 
+from mostovik_pipelines.etl.alerts import ALERT_NOTIFIER_KEY, alert_sensors
 from mostovik_pipelines.etl.factory import (
     LANDING_KEY,
     WAREHOUSE_KEY,
@@ -16,7 +17,13 @@ from mostovik_pipelines.etl.factory import (
 from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.execution import executor_from_environment
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
-from mostovik_pipelines.settings import data_dir, database_url_setting, setting
+from mostovik_pipelines.resources.notifier import AlertNotifierResource
+from mostovik_pipelines.settings import (
+    alert_webhook_setting,
+    data_dir,
+    database_url_setting,
+    setting,
+)
 from mostovik_pipelines.sources import ALL_SOURCES
 
 
@@ -30,6 +37,10 @@ def default_resources(sources: Sequence[SourceSpec] = ALL_SOURCES) -> dict[str, 
         "io_manager": FilesystemIOManager(
             base_dir=setting("MOSTOVIK_STORAGE_DIR", str(data_dir() / "storage"))
         ),
+        ALERT_NOTIFIER_KEY: AlertNotifierResource(
+            webhook_url=alert_webhook_setting(),
+            ui_url=setting("MOSTOVIK_UI_URL", "http://127.0.0.1:3000"),
+        ),
         **{source_resource_key(spec): spec.resource for spec in sources},
     }
 
@@ -41,6 +52,7 @@ def build_code_location(
     return Definitions.merge(
         *(build_source_definitions(spec) for spec in sources),
         Definitions(
+            sensors=alert_sensors(sources),
             resources={**default_resources(sources), **(resources or {})},
             executor=executor_from_environment(),
         ),

@@ -243,7 +243,10 @@ class _WatchedResult:
             return True
         if self._result.state != "STARTED":
             return False
-        hostname = (self._result.info or {}).get("hostname")
+        # Read apart from the state: a task finishing in between turns ``info`` into its result
+        # (a list of events), which names no worker.
+        info = self._result.info
+        hostname = info.get("hostname") if isinstance(info, dict) else None
         if not hostname:
             return False
         silent = self._liveness.silent_for(self._app, hostname)

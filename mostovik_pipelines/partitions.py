@@ -24,3 +24,10 @@ erp_work_orders_daily_partition = DailyPartitionsDefinition(
 material_deliveries_file_versions = DynamicPartitionsDefinition(
     name="material_deliveries_file_versions")
 """One partition per delivery report file version, ``<name>@<hash>``, added by the sensor."""
+
+cbr_metal_prices_daily_partition = DailyPartitionsDefinition(
+    start_date=setting("MOSTOVIK_CBR_METAL_PRICES_START_DATE", "2026-01-01"),
+    timezone="Europe/Moscow",
+    end_offset=1,  # today's partition too
+)
+"""Days of cbr_metal_prices, Moscow time."""

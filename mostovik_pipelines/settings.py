@@ -14,6 +14,7 @@ from dagster import EnvVar
 
 DATA_DIR_ENV = "MOSTOVIK_DATA_DIR"
 DATABASE_URL_ENV = "MOSTOVIK_DATABASE_URL"
+ALERT_WEBHOOK_ENV = "MOSTOVIK_ALERT_WEBHOOK_URL"
 EXECUTOR_ENV = "MOSTOVIK_EXECUTOR"
 
 
@@ -31,6 +32,12 @@ def database_url_setting() -> str | EnvVar:
     if os.environ.get(DATABASE_URL_ENV):
         return EnvVar(DATABASE_URL_ENV)
     return default_database_url()
+
+
+def alert_webhook_setting() -> EnvVar | None:
+    """The alert webhook (its URL carries a token): ``EnvVar`` when set, else alerts are only
+    logged."""
+    return EnvVar(ALERT_WEBHOOK_ENV) if os.environ.get(ALERT_WEBHOOK_ENV) else None
 
 
 def resolved_database_url() -> str:

@@ -69,12 +69,15 @@ def standin_server() -> Iterator[StandinServer]:
 def standin(standin_server: StandinServer) -> Iterator[StandinClient]:
     """The stand-in, with no faults, no changes and no remembered requests."""
     client = StandinClient(standin_server.url)
+    routes = [endpoint.route for endpoint in standin_server.endpoints.values()]
     client.clear_faults()
-    client.reset_cbr_rates()
+    for route in routes:
+        client.reset(route)
     client.forget_requests()
     yield client
     client.clear_faults()
-    client.reset_cbr_rates()
+    for route in routes:
+        client.reset(route)
 
 
 @pytest.fixture

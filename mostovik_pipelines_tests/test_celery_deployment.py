@@ -281,6 +281,36 @@ def test_a_transient_failure_is_retried_as_a_new_celery_task(deployment, standin
                if str(r["partition_date"]) == RETRIED_PARTITION) == 12
 
 
+def test_a_run_waiting_for_another_does_not_starve_it_of_the_only_worker(deployment, standin):
+    """One worker, one slot: the duplicate's wait is a step retry that gives the slot back, so
+    the run it waits for still gets the worker for its next steps."""
+    drained, serving = deployment.workers["worker-a"], deployment.workers["worker-b"]
+    partition = "2026-11-12"
+    standin.fault("hang", seconds=6, match="date_req=12/11/2026")
+    deployment.celery("control", "--timeout", "20", "--destination", drained.hostname,
+                      "cancel_consumer", "dagster")
+    try:
+        first = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: partition, CASE_TAG: "first"})
+        time.sleep(1.5)
+        second = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: partition,
+                                                   CASE_TAG: "duplicate"})
+        assert deployment.finish(first, timeout=120) == 0, deployment.outputs[-1][-3000:]
+        assert deployment.finish(second, timeout=120) == 0, deployment.outputs[-1][-3000:]
+    finally:
+        deployment.celery("control", "--timeout", "20", "--destination", drained.hostname,
+                          "add_consumer", "dagster")
+    with deployment.instance() as instance:
+        runs = [run for case in ("first", "duplicate")
+                for run in instance.get_runs(RunsFilter(tags={CASE_TAG: case}))]
+        # Whichever registered its run first is the older one (process start-up varies).
+        older, younger = sorted(runs, key=lambda run: instance.get_run_record_by_id(
+            run.run_id).create_timestamp)
+        messages = [record.user_message for record in instance.all_logs(younger.run_id)]
+    assert any(f"waiting for run(s) {older.run_id}" in m for m in messages)
+    assert older.status == younger.status == DagsterRunStatus.SUCCESS
+    assert serving.succeeded_task_ids()
+
+
 def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
     deployment, standin, standin_server, pg_warehouse_url, tmp_path
 ):

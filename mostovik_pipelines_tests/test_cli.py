@@ -103,6 +103,9 @@ def test_an_operator_finds_a_failed_job_reads_its_error_and_reruns_it(
     shown = _jobs("show", failed["run_id"], env=job_env, cwd=tmp_path)
     assert shown.returncode == 0
     assert "error in extract_cbr_daily_rates (permanent, request_rejected)" in shown.stdout
+    # Where each step ran: its own engine event, not a run tag.
+    assert " extract_cbr_daily_rates " in shown.stdout.split("processes", 1)[1]
+    assert " pid " in shown.stdout
     assert "HTTP 404" in shown.stdout
 
     rerun = _jobs("rerun", failed["run_id"], env=job_env, cwd=tmp_path)

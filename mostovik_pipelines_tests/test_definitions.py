@@ -72,3 +72,83 @@ def test_the_workspace_file_loads_the_code_location_as_dagster_dev_does():
     assert completed.returncode == 0, completed.stderr[-2000:]
     output = completed.stdout + completed.stderr
     assert "Validation successful for code location mostovik_pipelines" in output
+
+
+def test_every_source_asset_reads_well_in_the_asset_graph():
+    from mostovik_pipelines.etl.checks import partition_checks
+    from mostovik_pipelines.sources import ALL_SOURCES
+
+    for spec in ALL_SOURCES:
+        asset = defs.resolve_assets_def(AssetKey(spec.name))
+        asset_spec = asset.specs_by_key[AssetKey(spec.name)]
+        assert asset_spec.description == spec.description and spec.description
+        assert asset_spec.owners == ["team:back-office-data"]
+        assert asset_spec.kinds == {"postgres", spec.protocol}
+        assert asset_spec.group_name == spec.job_type.value
+        schema = asset_spec.metadata["dagster/column_schema"]
+        assert [c.name for c in schema.columns] == list(spec.table.columns.keys())
+        assert {key.name for key in asset.check_keys} == {
+            check.name for check in partition_checks(spec)}
+        assert all(check_spec.partitions_def == spec.partitions_def
+                   for check_spec in asset.check_specs)
+        assert asset_spec.freshness_policy == spec.freshness_policy
+    policies = {s.name: s.freshness_policy for s in ALL_SOURCES}
+    assert policies["cbr_daily_rates"].deadline_cron == "30 16 * * 1-5"
+    assert policies["erp_work_orders"].fail_window.to_timedelta().total_seconds() == 2 * 3600
+
+
+def test_the_alert_sensors_run_by_default_and_watch_every_job_of_the_location():
+    from dagster import DefaultSensorStatus
+
+    repository = defs.get_repository_def()
+    failures = repository.get_sensor_def("run_failure_alerts")
+    freshness = repository.get_sensor_def("freshness_alerts")
+    assert failures.default_status is freshness.default_status is DefaultSensorStatus.RUNNING
+    # No monitored jobs and not all code locations: every job of this location, the implicit
+    # asset job of UI asset backfills included.
+    assert failures._monitored_jobs == [] and not failures._monitor_all_code_locations
+    assert {"alert_notifier"} <= set(failures.required_resource_keys)
+
+
+def test_dg_checks_lists_and_launches_next_to_the_classic_cli(
+    sqlite_warehouse_url, standin_server, standin, tmp_path
+):
+    """`dg check defs`, `dg list defs` and `dg launch --job --partition` against this project
+    (run together: each loads the code location)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dagster import DagsterInstance, DagsterRunStatus
+
+    from mostovik_pipelines.sources import ALL_SOURCES
+    from mostovik_pipelines_tests.support.processes import REPO, run_environment
+    from mostovik_pipelines_tests.support.warehouse import table_rows
+
+    bin_dir = Path(sys.executable).parent
+    environment = {**run_environment(tmp_path, sqlite_warehouse_url, standin_server.cbr_url),
+                   "VIRTUAL_ENV": str(bin_dir.parent), "NO_COLOR": "1"}
+
+    def dg(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([str(bin_dir / "dg"), *args], cwd=REPO, env=environment,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    running = {"check": dg("check", "defs"), "list": dg("list", "defs", "--json"),
+               "launch": dg("launch", "--job", "cbr_daily_rates_job",
+                            "--partition", "2026-11-02")}
+    done = {name: (process, *process.communicate(timeout=240))
+            for name, process in running.items()}
+    for name, (process, _, stderr) in done.items():
+        assert process.returncode == 0, f"dg {name}: {stderr[-3000:]}"
+    assert "All definitions loaded successfully" in done["check"][1] + done["check"][2]
+    listed = json.loads(done["list"][1])
+    assert {a["asset_key"] for a in listed["assets"]} == {s.name for s in ALL_SOURCES}
+    assert {"cbr_daily_rates_job", "erp_work_orders_job"} <= {j["name"] for j in listed["jobs"]}
+    assert {"run_failure_alerts", "freshness_alerts"} <= {s["name"] for s in listed["sensors"]}
+    with DagsterInstance.from_config(environment["DAGSTER_HOME"]) as instance:
+        [run] = instance.get_runs()
+    assert run.status is DagsterRunStatus.SUCCESS
+    assert run.tags["dagster/partition"] == "2026-11-02"
+    assert run.tags["mostovik/status"] == "completed"
+    assert len(table_rows(sqlite_warehouse_url, "cbr_daily_rates")) == 12

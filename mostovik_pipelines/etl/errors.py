@@ -115,6 +115,13 @@ class DataValidationError(PermanentError):
     kind = "validation_error"
 
 
+class PartitionCheckFailed(PermanentError):
+    """A blocking asset check of a loaded partition failed: the warehouse holds data that breaks
+    an invariant (duplicate keys, a row outside its partition, a version gone down)."""
+
+    kind = "check_failed"
+
+
 class ConfigurationError(PermanentError):
     """Missing or invalid configuration: an environment variable, a URL, a resource."""
 

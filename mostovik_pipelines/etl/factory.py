@@ -28,6 +28,7 @@ loaded, the partition stays unmaterialised, and a later run picks it up.
 """
 
 import contextlib
+import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,7 @@ from dagster import (
     MetadataValue,
     OpExecutionContext,
     Out,
+    Output,
     RetryRequested,
     RunRequest,
     ScheduleEvaluationContext,
@@ -56,10 +58,13 @@ from dagster import (
     schedule,
 )
 
+from mostovik_pipelines.etl.asset_view import PREVIEW_ROWS, asset_kinds, asset_metadata, preview
+from mostovik_pipelines.etl.checks import blocks, check_specs, evaluate_partition
 from mostovik_pipelines.etl.errors import (
     ConcurrentRunError,
     ConfigurationError,
     PageCursorExpired,
+    PartitionCheckFailed,
     PermanentError,
     classify,
 )
@@ -95,7 +100,12 @@ from mostovik_pipelines.etl.spec import (
 )
 from mostovik_pipelines.etl.sync_progress import committed_progress, save_progress
 from mostovik_pipelines.etl.tags import STATUS_TAG, business_tags
-from mostovik_pipelines.etl.tracking import JobStatus, completed_or_partial, record_step
+from mostovik_pipelines.etl.tracking import (
+    LOAD_COUNT_KEYS,
+    JobStatus,
+    completed_or_partial,
+    record_step,
+)
 from mostovik_pipelines.etl.validation import validate_partition
 from mostovik_pipelines.resources.landing import LandedPayload
 
@@ -195,7 +205,9 @@ class StepOutcomes:
 def build_source_definitions(spec: SourceSpec) -> Definitions:
     """Everything Dagster needs for one source: its asset, job and schedule. The resources,
     the source's own included (:func:`source_resource_key`), are bound by the code location."""
-    extract, transform, load = _extract_op(spec), _transform_op(spec), _load_op(spec)
+    checks = check_specs(spec)
+    extract, transform = _extract_op(spec), _transform_op(spec)
+    load = _load_op(spec, [check.get_python_identifier() for check in checks])
 
     @graph_asset(
         name=spec.name,
@@ -203,16 +215,22 @@ def build_source_definitions(spec: SourceSpec) -> Definitions:
         partitions_def=spec.partitions_def,
         backfill_policy=spec.backfill_policy,
         group_name=spec.job_type.value,
-        kinds={spec.job_type.value},
-        metadata={
-            "mostovik/table": spec.table.name,
-            "mostovik/natural_key": ", ".join(spec.natural_key),
-            "mostovik/load_mode": spec.load_mode.value,
-        },
+        kinds=asset_kinds(spec),
+        owners=list(spec.owners) or None,
+        metadata=asset_metadata(spec),
         tags={"mostovik/job_type": spec.job_type.value},
+        check_specs=checks,
     )
     def source_asset():
-        return load(transform(extract()))
+        # The load step records the materialisation and the check results of every partition
+        # it loads; its outputs only say to Dagster that it produced them.
+        loaded = load(transform(extract()))
+        return {name: getattr(loaded, name) for name in ("result", *(
+            check.get_python_identifier() for check in checks))}
+
+    if spec.freshness_policy is not None:
+        source_asset = source_asset.map_asset_specs(
+            lambda asset: asset.replace_attributes(freshness_policy=spec.freshness_policy))
 
     job = define_asset_job(
         name=f"{spec.name}_job",
@@ -524,14 +542,15 @@ def _transform_op(spec: SourceSpec):
     return transform
 
 
-def _load_op(spec: SourceSpec):
+def _load_op(spec: SourceSpec, check_outputs: list[str]):
     asset_key = AssetKey(spec.name)
 
     @op(
         name=f"load_{spec.name}",
-        description=f"Upsert partitions of {spec.name} into {spec.table.name}.",
+        description=f"Upsert partitions of {spec.name} into {spec.table.name} and check them.",
         required_resource_keys={WAREHOUSE_KEY, source_resource_key(spec), LANDING_KEY},
-        out=Out(is_required=False),
+        out={"result": Out(is_required=False),
+             **{name: Out(is_required=False) for name in check_outputs}},
         tags=_op_tags(spec),
     )
     def load(context: OpExecutionContext, transformed):
@@ -542,31 +561,54 @@ def _load_op(spec: SourceSpec):
                             else _redo(context, spec, transform=True))
             else:
                 outcomes = transformed.partitions
-            _load_partitions(context, spec, asset_key, outcomes)
-        # The op is a generator that yields no output: its materialisations are the explicit,
-        # per-partition ones above, never one for the whole range.
-        yield from ()
+            summary = _load_partitions(context, spec, asset_key, outcomes)
+        # The materialisations and check results are the explicit, per-partition ones above,
+        # never one for the whole range: no asset output. The checks' outputs say they ran.
+        for name in check_outputs:
+            if name in context.selected_output_names:
+                yield Output(None, output_name=name)
+        context.log.info(summary)  # the job's ADR status and figures, last on the run page
 
     return load
 
 
+@dataclass(frozen=True)
+class PartitionLoad:
+    """What loading one partition did, for its materialisation and its checks."""
+
+    figures: dict
+    received: pd.DataFrame
+    """Natural key (and version) of every row loaded."""
+    received_rows: int
+    """Rows the source sent, quarantined ones included."""
+    payload_bytes: int
+    content_hash: str
+    sample: pd.DataFrame
+
+
 def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: AssetKey,
-                     outcomes: dict) -> None:
+                     outcomes: dict) -> str:
+    """Load every partition, record its materialisation and check results, tag the run with
+    its ADR status; the status and figures as one line."""
     engine = getattr(context.resources, WAREHOUSE_KEY).engine()
     already_loaded = _partitions_materialized_by_run(context, asset_key)
     ranged = len(outcomes) > 1
     skipped = [o for o in outcomes.values() if isinstance(o, PartitionSkipped)]
     failed = [o for o in outcomes.values() if isinstance(o, PartitionFailure)]
+    loaded_values = [spec.load_target.partition_value(key) for key in already_loaded]
+    checked = {key.name for key in context.selected_asset_check_keys}
     rejected = 0
+    totals: dict[str, int] = {}
     for key, outcome in outcomes.items():
         if not isinstance(outcome, TransformedPartition | TransformedPages) or (
                 key in already_loaded):
             continue
+        started = time.monotonic()
         try:
             if isinstance(outcome, TransformedPages):
-                figures = _load_pages(context, spec, engine, key, outcome)
+                loaded = _load_pages(context, spec, engine, key, outcome)
             else:
-                figures = _load_whole(context, spec, engine, key, outcome)
+                loaded = _load_whole(context, spec, engine, key, outcome)
         except PartitionSuperseded as superseded:
             context.log.warning(f"{spec.name} [{key}] superseded: {superseded}")
             skipped.append(PartitionSkipped(key, f"superseded: {superseded}"))
@@ -575,14 +617,36 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
             failed.append(_fail_or_set_aside(
                 context, StepContext(spec.name, key, "load"), spec.load_retry, exc, ranged))
             continue
+        figures = loaded.figures
         rejected += figures["rejected"]
+        for name, n in figures.items():
+            if isinstance(n, int):
+                totals[name] = totals.get(name, 0) + n
         context.log.info(f"{spec.name} [{key}] loaded: {figures}")
-        _after_load(context, spec, key, "partial" if figures["rejected"] else "loaded")
         context.log_event(AssetMaterialization(
             asset_key=asset_key, partition=key,
-            metadata={name: MetadataValue.int(n) if isinstance(n, int) else n
-                      for name, n in figures.items()},
+            metadata={
+                **{name: MetadataValue.int(n) if isinstance(n, int) else n
+                   for name, n in figures.items()},
+                "duration_seconds": MetadataValue.float(round(time.monotonic() - started, 3)),
+                "payload_bytes": MetadataValue.int(loaded.payload_bytes),
+                "content_hash": loaded.content_hash,
+                "preview": preview(loaded.sample),
+            },
         ))
+        loaded_values.append(spec.load_target.partition_value(key))
+        evaluations = [evaluation for evaluation in evaluate_partition(
+            engine, spec, key, context.run_id, loaded.received, loaded.received_rows,
+            loaded_values, context.instance) if evaluation.check_name in checked]
+        for evaluation in evaluations:
+            context.log_event(evaluation)
+        blocked = [e for e in evaluations if blocks(e)]
+        if blocked:
+            failed.append(_fail_or_set_aside(
+                context, StepContext(spec.name, key, "check"), NO_RETRY, PartitionCheckFailed(
+                    "; ".join(f"{e.check_name}: {e.description}" for e in blocked)), ranged))
+            continue
+        _after_load(context, spec, key, "partial" if figures["rejected"] else "loaded")
     if skipped or failed:
         context.log_event(AssetObservation(asset_key=asset_key, metadata={
             "mostovik/skipped": MetadataValue.json({o.partition_key: o.reason for o in skipped}),
@@ -600,6 +664,9 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
     status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
                                   ranged=ranged)
     context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
+    figures = ", ".join(f"{name} {n}" for name, n in totals.items() if name in LOAD_COUNT_KEYS)
+    return (f"{spec.name}: job {status.value}; {len(outcomes)} partition(s)"
+            + (f"; {figures}" if figures else ""))
 
 
 def _after_load(context: OpExecutionContext, spec: SourceSpec, key: str, outcome: str) -> None:
@@ -614,7 +681,7 @@ def _after_load(context: OpExecutionContext, spec: SourceSpec, key: str, outcome
 
 
 def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
-                outcome: TransformedPartition) -> dict:
+                outcome: TransformedPartition) -> PartitionLoad:
     """One transaction: the partition's rows, its quarantine (rows rejected by transform, and
     rows whose key another partition value holds, when the source rejects those)."""
     quarantined: list[RejectedRow] = []
@@ -628,16 +695,25 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         within_transaction=quarantine, fetched_at=outcome.landed.fetched_at,
         kept=_kept_rows(spec, outcome.rejected),
     )
-    figures = counts.as_dict()
-    if spec.load_mode is not LoadMode.MERGE_BY_VERSION:
-        figures = {k: v for k, v in figures.items() if k not in ("ignored_older", "tombstoned")}
-    return {
-        **figures, "rejected": len(quarantined),
-        "duplicates_dropped": outcome.duplicates_dropped,
-        "dagster/row_count": len(outcome.frame), "table": spec.table.name,
-        "content_hash": outcome.landed.content_hash,
-        "fetched_at": outcome.landed.fetched_at.isoformat(),
-    }
+    figures = counts.as_dict(merge=spec.load_mode is LoadMode.MERGE_BY_VERSION)
+    return PartitionLoad(
+        figures={
+            **figures, "rejected": len(quarantined),
+            "duplicates_dropped": outcome.duplicates_dropped,
+            "dagster/row_count": len(outcome.frame), "table": spec.table.name,
+            "fetched_at": outcome.landed.fetched_at.isoformat(),
+        },
+        received=outcome.frame[_received_columns(spec)],
+        received_rows=len(outcome.frame) + len(outcome.rejected),
+        payload_bytes=outcome.landed.size_bytes,
+        content_hash=outcome.landed.content_hash,
+        sample=outcome.frame.head(PREVIEW_ROWS),
+    )
+
+
+def _received_columns(spec: SourceSpec) -> list[str]:
+    """What the checks compare with the table: the natural key, and the version."""
+    return [*spec.natural_key, *([spec.version_column] if spec.version_column else [])]
 
 
 def _held_elsewhere(frame: pd.DataFrame, counts: LoadCounts) -> list[RejectedRow]:
@@ -655,7 +731,7 @@ def _held_elsewhere(frame: pd.DataFrame, counts: LoadCounts) -> list[RejectedRow
 
 
 def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
-                outcome: TransformedPages) -> dict:
+                outcome: TransformedPages) -> PartitionLoad:
     """Each page in a transaction of its own, with the partition's progress checkpoint: the
     checkpoint never runs ahead of the rows it vouches for."""
     landing = getattr(context.resources, LANDING_KEY)
@@ -664,12 +740,16 @@ def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
             if progress is not None and progress.run_id == context.run_id else 0)
     totals: dict[str, int] = {}
     rows = rejected = 0
+    received, samples = [], []
     for page in outcome.pages:
         rows += page.rows
         rejected += len(page.rejected)
         if page.number <= done:
             continue  # committed by this run before its load step was retried
         frame = landing.read_frame(page.frame_path)
+        received.append(frame[_received_columns(spec)])
+        if not samples:
+            samples.append(frame.head(PREVIEW_ROWS))
         next_cursor = _cursor(page.landed.next_cursor)
 
         def commit_progress(connection, counts: LoadCounts, page=page, next_cursor=next_cursor):
@@ -679,17 +759,27 @@ def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
 
         counts = load_partition(engine, spec.load_target, frame, key, context.run_id,
                                 within_transaction=commit_progress, whole_partition=False)
-        for name, n in counts.as_dict().items():
+        for name, n in counts.as_dict(merge=True).items():
             totals[name] = totals.get(name, 0) + n
         landing.discard_frame(page.frame_path)
     first = outcome.pages[0].landed if outcome.pages else None
-    return {
-        **{name: totals.get(name, 0) for name in LoadCounts.figures()},
-        "rejected": rejected, "pages": len(outcome.pages),
-        "resumed_after_page": outcome.resumed_after_page,
-        "dagster/row_count": rows, "table": spec.table.name,
-        "fetched_at": first.fetched_at.isoformat() if first else "",
-    }
+    columns = _received_columns(spec)
+    return PartitionLoad(
+        figures={
+            **{name: totals.get(name, 0) for name in LoadCounts.figures(merge=True)},
+            "rejected": rejected, "pages": len(outcome.pages),
+            "resumed_after_page": outcome.resumed_after_page,
+            "dagster/row_count": rows, "table": spec.table.name,
+            "fetched_at": first.fetched_at.isoformat() if first else "",
+        },
+        received=pd.concat(received) if received else pd.DataFrame(columns=columns),
+        received_rows=rows + rejected,
+        payload_bytes=sum(page.landed.size_bytes for page in outcome.pages),
+        # The window's pages in order, as one digest.
+        content_hash=hashlib.sha256("".join(
+            page.landed.content_hash for page in outcome.pages).encode()).hexdigest(),
+        sample=samples[0] if samples else pd.DataFrame(columns=spec.load_target.columns),
+    )
 
 
 def _materialized_partitions(context: OpExecutionContext, run_id: str,

@@ -74,6 +74,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.expression import bindparam
 
 from mostovik_pipelines.etl import loading_sql
+from mostovik_pipelines.etl.errors import ConfigurationError
 from mostovik_pipelines.etl.load_ledger import (
     LastLoad,
     PostgresqlLoad,
@@ -84,7 +85,7 @@ from mostovik_pipelines.etl.load_ledger import (
     rows_digest,
 )
 from mostovik_pipelines.etl.locking import lock_partition
-from mostovik_pipelines.warehouse.schema import data_columns
+from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS, data_columns
 from mostovik_pipelines.warehouse.types import ExactDecimal
 
 COPY_CHUNK_ROWS = 50_000
@@ -128,6 +129,8 @@ class LoadTarget:
     tombstone_column: str | None = None
     partition_value_of: Callable[[str], Any] | None = None
     key_held_elsewhere: KeyHeldElsewhere = KeyHeldElsewhere.MOVE
+    empty_payload_is_valid: bool = False
+    """A payload of no rows is a legitimate delivery (replace mode: it empties the partition)."""
 
     @property
     def columns(self) -> list[str]:
@@ -167,13 +170,15 @@ class LoadCounts:
     def written(self) -> int:
         return self.inserted + self.updated + self.deleted
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.figures()}
+    def as_dict(self, merge: bool = False) -> dict[str, int]:
+        """The counts a load reports (its materialisation's metadata); ``merge`` adds those of
+        merge-by-version."""
+        return {name: getattr(self, name) for name in self.figures(merge)}
 
     @staticmethod
-    def figures() -> tuple[str, ...]:
-        """The counts a load reports (its materialisation's metadata)."""
-        return ("inserted", "updated", "unchanged", "deleted", "ignored_older", "tombstoned")
+    def figures(merge: bool = False) -> tuple[str, ...]:
+        base = ("inserted", "updated", "unchanged", "deleted")
+        return (*base, "ignored_older", "tombstoned") if merge else base
 
 
 class PartitionSuperseded(Exception):
@@ -545,6 +550,15 @@ def _copy_into_empty_partition(connection: Connection, target: LoadTarget, rows:
             _copy(connection, target.table, rows, target.natural_key, order=order)
     except psycopg.errors.UniqueViolation:
         return False
+    except psycopg.errors.NotNullViolation as violation:
+        if violation.diag.column_name in BOOKKEEPING_COLUMNS:
+            raise ConfigurationError(
+                f"table {target.table.name} has no default for {violation.diag.column_name}: "
+                "its migration did not apply the PostgreSQL conventions (bookkeeping defaults, "
+                'natural-key text in the "C" collation, the digest trigger). Write the '
+                "migration with `mostovik new-source NAME --migration-only`, which freezes them "
+                "in it as POSTGRESQL_CONVENTIONS (docs/adding-a-source.md)") from violation
+        raise
     return True
 
 

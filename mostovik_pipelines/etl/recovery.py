@@ -11,11 +11,8 @@ from dagster import DagsterInstance, DagsterRunStatus, ReexecutionOptions, execu
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from mostovik_pipelines.etl.tags import (
-    CELERY_TASK_TAG_PREFIX,
-    HOST_TAG,
     LAUNCHED_BY_TAG,
     PARTITION_TAG,
-    PID_TAG,
     RERUN_OF_TAG,
     STATUS_TAG,
 )
@@ -23,8 +20,10 @@ from mostovik_pipelines.etl.tracking import JobNotFound, latest_job_for
 
 CODE_LOCATION_MODULE = "mostovik_pipelines"
 CODE_LOCATION_ATTRIBUTE = "defs"
-PROCESS_TAG_PREFIXES = (HOST_TAG, PID_TAG, CELERY_TASK_TAG_PREFIX)
-"""Tags that describe the repeated run's processes, not the job: not carried over."""
+PROCESS_TAG_PREFIXES = ("mostovik/host", "mostovik/pid", "mostovik/executor",
+                        "mostovik/celery_task.")
+"""Process tags of runs recorded before steps reported their processes as engine events: they
+describe the repeated run's processes, not the job, and are not carried over."""
 
 
 def _reconstructable(job_name: str):

@@ -13,12 +13,19 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from dagster import BackfillPolicy, ConfigurableResource, PartitionsDefinition
-from sqlalchemy import Table
+from dagster import (
+    BackfillPolicy,
+    ConfigurableResource,
+    FreshnessPolicy,
+    PartitionsDefinition,
+    TimeWindowPartitionsDefinition,
+)
+from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
 from mostovik_pipelines.etl.loading import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.runs_in_flight import ConcurrentRunPolicy
+from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 
 
 class JobType(enum.StrEnum):
@@ -122,6 +129,46 @@ class LoadedPartition:
 
 
 @dataclass(frozen=True)
+class CheckRequest:
+    """What an asset check of a partition gets, right after the partition's load committed: a
+    connection to the warehouse (read what is stored, never write) and what the load received."""
+
+    connection: Connection
+    table: Table
+    partition_key: str
+    partition_value: Any
+    """The partition key as the partition column stores it."""
+    run_id: str
+    received: pd.DataFrame
+    """The natural key (and version column) of every row the load received."""
+    received_rows: int
+    """Rows the source sent for the partition, quarantined ones included."""
+    loaded_by_run: tuple[Any, ...] = ()
+    """Partition values the run has loaded so far, this one included."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    passed: bool
+    description: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    warning: bool = False
+    """A failure that only warns: it never blocks, whatever the check's ``blocking``."""
+
+
+@dataclass(frozen=True)
+class PartitionCheck:
+    """An asset check run on every partition a run loads; its result is recorded per
+    partition, in ranged runs too. A failed blocking check (not a warning) fails the partition,
+    and so the job, after the load: the UI shows the check red, downstream assets wait."""
+
+    name: str
+    description: str
+    evaluate: Callable[[CheckRequest], CheckResult]
+    blocking: bool = True
+
+
+@dataclass(frozen=True)
 class SourceSchedule:
     """When to refresh the newest partitions, and how many of them each tick asks for."""
 
@@ -137,6 +184,7 @@ class SourceSpec:
     name: str
     job_type: JobType
     description: str
+    """Two or three sentences of business context and the source's limits (the asset's text)."""
     partitions_def: PartitionsDefinition
     table: Table
     natural_key: Sequence[str]
@@ -150,9 +198,10 @@ class SourceSpec:
     version_column: str | None = None
     extract_retry: RetryPolicy = field(default_factory=RetryPolicy)
     load_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=3))
-    max_rejected_share: float = 0.0
+    max_rejected_share: float | None = None
     """Share of a partition's rows that may be rejected (quarantined) with the rest still loaded,
-    as a partial job. Above it the defect is systematic: nothing is loaded and the run fails."""
+    as a partial job. Above it the defect is systematic: nothing is loaded and the run fails.
+    Every source declares it (0.0: one bad row fails the run and nothing is loaded)."""
     backfill_policy: BackfillPolicy = field(
         default_factory=lambda: BackfillPolicy.multi_run(max_partitions_per_run=31)
     )
@@ -179,15 +228,34 @@ class SourceSpec:
     """The partition column's value for a partition key, when it is not the key itself (a file
     version ``name@hash`` stores its file ``name``). Loads of one value take turns, and the
     value's last load decides what is superseded."""
-    key_held_elsewhere: KeyHeldElsewhere = KeyHeldElsewhere.MOVE
-    """What a row does whose natural key is stored under another partition value (possible only
-    when the partition column is not part of the key)."""
+    key_held_elsewhere: KeyHeldElsewhere | None = None
+    """What a row does whose natural key is stored under another partition value. Declared by
+    every source whose natural key does not include the partition column (and only there): such
+    a key can move between partitions, so every load of the table runs alone."""
+    empty_payload_is_valid: bool = False
+    """Replace-partition sources: a payload that parses to no rows at all is a legitimate
+    delivery (no records on a holiday) and empties the partition. Unset, such a payload fails
+    the run as a contract error instead of wiping the partition."""
+    url_setting: str | None = None
+    """The environment variable that holds the source's endpoint URL, read by the source module
+    itself; ``mostovik demo``, ``make dev`` point it at the source's stand-in endpoint."""
     sensor: Callable[[SourceSpec, Any, str], Any] | None = None
     """Builds the source's sensor from the spec, its job and its resource's key (a file inbox's
     new-file sensor, :mod:`.inbox_sensor`)."""
     after_load: Callable[[LoadedPartition], None] | None = None
     """What the source does with its input once a partition is committed (an inbox archives
     the file version). A failure here is logged; the committed load stands."""
+    owners: Sequence[str] = ("team:back-office-data",)
+    """Who answers for the source's data (asset owners): e-mail addresses or ``team:<name>``;
+    the data team unless the source names its own."""
+    protocol: str = "http"
+    """How the source is reached (``http``, ``rest``, ``file``...): a kind of its asset, next to
+    the warehouse's storage."""
+    freshness_policy: FreshnessPolicy | None = None
+    """When the source's data must have been loaded; the daemon evaluates it, a stale source
+    shows in the UI and raises an alert (:mod:`.alerts`)."""
+    checks: Sequence[PartitionCheck] = ()
+    """The source's own asset checks, run after the framework's (:mod:`.checks`)."""
 
     @property
     def load_target(self) -> LoadTarget:
@@ -195,7 +263,9 @@ class SourceSpec:
             table=self.table, natural_key=tuple(self.natural_key),
             partition_column=self.partition_column, mode=self.load_mode,
             version_column=self.version_column, tombstone_column=self.tombstone_column,
-            partition_value_of=self.partition_value, key_held_elsewhere=self.key_held_elsewhere,
+            partition_value_of=self.partition_value,
+            key_held_elsewhere=self.key_held_elsewhere or KeyHeldElsewhere.MOVE,
+            empty_payload_is_valid=self.empty_payload_is_valid,
         )
 
     def __post_init__(self) -> None:
@@ -213,5 +283,55 @@ class SourceSpec:
         if self.tombstone_column is not None and self.tombstone_column not in columns:
             raise ValueError(f"source {self.name}: tombstone column {self.tombstone_column!r} "
                              f"is not in {self.table.name}")
-        if not 0.0 <= self.max_rejected_share < 1.0:
-            raise ValueError(f"source {self.name}: max_rejected_share must be in [0, 1)")
+        _refuse_implicit_rules(self)
+
+
+def _refuse_implicit_rules(spec: SourceSpec) -> None:
+    """The rules a declaration used to learn only by failing at its first load, each refused
+    here with the source, the column and the fix."""
+    where = f"source {spec.name} (mostovik_pipelines/sources/{spec.name}.py)"
+    table = spec.table
+    missing = [c for c in BOOKKEEPING_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{where}: table {table.name} lacks the load bookkeeping {missing}: "
+                         "build it with warehouse_table(name, *columns, natural_key=...)")
+    unique = [tuple(c.columns.keys()) for c in table.constraints
+              if isinstance(c, UniqueConstraint)]
+    if tuple(spec.natural_key) not in unique:
+        raise ValueError(
+            f"{where}: natural_key {list(spec.natural_key)} is not a unique constraint of "
+            f"{table.name} (it has {[list(u) for u in unique]}): give warehouse_table(..., "
+            "natural_key=...) and SourceSpec(natural_key=...) the same columns")
+    column = spec.partition_column
+    column_type = table.c[column].type
+    if not isinstance(column_type, Date | String):
+        raise ValueError(
+            f"{where}: partition column {column!r} is {column_type!r}; a partition column is a "
+            "Date (a daily partition's day) or a String (a file name, a key): declare it "
+            "Column(..., Date) or Column(..., String(n))")
+    if (isinstance(column_type, Date) and spec.partition_value is None
+            and not _keys_are_iso_days(spec.partitions_def)):
+        raise ValueError(
+            f"{where}: partition column {column!r} is a Date but the partition keys are not "
+            "days (YYYY-MM-DD): use a DailyPartitionsDefinition, or give partition_value= a "
+            "function from a partition key to its date")
+    if column not in spec.natural_key and spec.key_held_elsewhere is None:
+        raise ValueError(
+            f"{where}: the natural key {list(spec.natural_key)} does not include the partition "
+            f"column {column!r}, so a key can be stored under another partition and every load "
+            f"of {table.name} must run alone. Add {column!r} to the natural key, or declare what "
+            "such a row does: key_held_elsewhere=KeyHeldElsewhere.MOVE (it moves to the "
+            "partition loading it: synced records) or KeyHeldElsewhere.REJECT (it goes to "
+            "quarantine: two files claiming one line)")
+    if spec.max_rejected_share is None:
+        raise ValueError(
+            f"{where}: declare max_rejected_share, the share of a partition's rows that may go "
+            "to quarantine with the rest loaded (e.g. 0.1); 0.0 means one unreadable row fails "
+            "the run and nothing is loaded")
+    if not 0.0 <= spec.max_rejected_share < 1.0:
+        raise ValueError(f"{where}: max_rejected_share must be in [0, 1)")
+
+
+def _keys_are_iso_days(partitions_def: PartitionsDefinition) -> bool:
+    return isinstance(partitions_def, TimeWindowPartitionsDefinition) and (
+        partitions_def.fmt == "%Y-%m-%d")

@@ -1,4 +1,5 @@
-"""The run tags that make a Dagster run a business job of ADR-016."""
+"""The run tags that make a Dagster run a business job of ADR-016: what operators filter the
+UI's run list by (source, job kind, period, status), and nothing else."""
 
 from __future__ import annotations
 
@@ -14,13 +15,8 @@ PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
-# Written by the run itself as its steps start (see tracking.record_step):
-HOST_TAG = f"{TAG_PREFIX}host"
-PID_TAG = f"{TAG_PREFIX}pid"
-"""The host and process of the run's current step: tells a live run from a killed one."""
-EXECUTOR_TAG = f"{TAG_PREFIX}executor"
-CELERY_TASK_TAG_PREFIX = f"{TAG_PREFIX}celery_task."
-"""Followed by the op name: the Celery task that executed that step."""
+# A step's host, process, executor and Celery task are no tags: each step reports them in an
+# engine event (see tracking.record_step), so the run list shows only what operators filter by.
 
 # Written by the run itself as it ends (see tracking.job_status_of), or for a run that died
 # without a word, by the job status sensor once run storage marks it failed:

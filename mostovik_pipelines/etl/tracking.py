@@ -1,12 +1,14 @@
 """The business job view over Dagster run storage (ADR-016): every run of a source is a job.
 
 Run storage stays the one source of truth; this module only reads it (and, as a run's steps
-start, tags the run with the facts run storage would not otherwise hold) and names what it finds
-in the ADR's terms:
+start, records the facts run storage would not otherwise hold) and names what it finds in the
+ADR's terms:
 
-* type, source, period (partition, or a range of them) and the execution context come from run
-  tags; a run launched without the source's tags (a UI asset backfill) gets them from its first
-  step, so filtering by ``mostovik/source`` in the UI finds every run;
+* type, source and period (partition, or a range of them) come from run tags, what operators
+  filter the UI's run list by; a run launched without the source's tags (a UI asset backfill)
+  gets them from its first step, so filtering by ``mostovik/source`` in the UI finds every run;
+* the execution context of each step (host, process, executor, Celery task) is an engine event
+  of the step, read where it is read: on the run page, and by ``mostovik jobs show``;
 * status and result derive from the run's status and never contradict it; ``partial`` is a
   successful run that did not take everything in: rows quarantined, or partitions of its range
   left out (not available yet, or stopped for a concurrent run);
@@ -24,6 +26,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
+    DagsterEvent,
     DagsterEventType,
     DagsterInstance,
     DagsterRun,
@@ -35,13 +38,9 @@ from dagster import (
 )
 
 from mostovik_pipelines.etl.tags import (
-    CELERY_TASK_TAG_PREFIX,
-    EXECUTOR_TAG,
-    HOST_TAG,
     JOB_TYPE_TAG,
     LAUNCHED_BY_TAG,
     PARTITION_TAG,
-    PID_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
     RERUN_OF_TAG,
@@ -59,6 +58,11 @@ LOAD_COUNT_KEYS = ("inserted", "updated", "unchanged", "deleted", "ignored_older
 PARTITION_ONLY_KEYS = ("resumed_after_page",)
 """Per-partition figures that add up to nothing across partitions."""
 MAX_RUNTIME_TAG = "dagster/max_runtime"
+STEP_HOST = "mostovik/host"
+STEP_PID = "mostovik/pid"
+STEP_EXECUTOR = "mostovik/executor"
+STEP_CELERY_TASK = "mostovik/celery_task"
+"""Metadata of the engine event each step reports as it starts (:func:`record_step`)."""
 
 
 class JobStatus(enum.StrEnum):
@@ -140,6 +144,8 @@ class Job:
     attempts: dict[str, int] = field(default_factory=dict)
     errors: list[JobError] = field(default_factory=list)
     celery_tasks: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, str] = field(default_factory=dict)
+    """Op -> the host and process id its latest attempt ran in."""
 
     @property
     def period(self) -> str:
@@ -163,19 +169,29 @@ class Job:
 
 
 def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
-    """Tag the run, as each step starts, with its business job tags (a run launched without
-    them, like a UI asset backfill, gets them here), the step's host and process (so a killed
-    run can be told from a live one), the executor, and the Celery task running the step."""
+    """As each step starts: tag the run with its business job tags if it lacks them (a UI asset
+    backfill run gets them here), and report the step's host, process, executor and Celery task
+    as an engine event of the step, on the run page where they are read, not in the run list.
+    """
+    from dagster._core.events import EngineEventData
+
     from mostovik_pipelines.execution import current_celery_task_id
 
-    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()),
-            EXECUTOR_TAG: os.environ.get(EXECUTOR_ENV, "in_process")}
     run_tags = context.run.tags
-    tags.update({k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v})
+    missing = {k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v}
+    if missing:
+        context.instance.add_run_tags(context.run_id, missing)
+    process = {STEP_HOST: socket.gethostname(), STEP_PID: str(os.getpid()),
+               STEP_EXECUTOR: os.environ.get(EXECUTOR_ENV, "in_process")}
     task_id = current_celery_task_id()
     if task_id:
-        tags[f"{CELERY_TASK_TAG_PREFIX}{context.op.name}"] = task_id
-    context.instance.add_run_tags(context.run_id, tags)
+        process[STEP_CELERY_TASK] = task_id
+    context.instance.report_engine_event(
+        f"{context.op.name} on {process[STEP_HOST]}, pid {process[STEP_PID]}, "
+        f"{process[STEP_EXECUTOR]} executor" + (f", celery task {task_id}" if task_id else ""),
+        context.run, EngineEventData(process),
+        step_key=context.get_step_execution_context().step.key,
+    )
 
 
 def load_job(instance: DagsterInstance, run_id: str,
@@ -280,20 +296,32 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
     left_out: dict[str, str] = {}
     attempts: dict[str, int] = {}
     errors: list[JobError] = []
+    processes: dict[str, str] = {}
+    celery_tasks: dict[str, str] = {}
+    executor = None
     status = RUN_STATUS_TO_JOB_STATUS[run.status]
     tagged = run.tags.get(STATUS_TAG)
     trust_tag = status is JobStatus.COMPLETED and tagged in (JobStatus.COMPLETED,
                                                              JobStatus.PARTIAL)
     if not detail and (trust_tag or status is not JobStatus.COMPLETED):
         entries = [record.event_log_entry for record in instance.get_records_for_run(
-            run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records]
+            run.run_id, of_type={DagsterEventType.ASSET_MATERIALIZATION,
+                                 DagsterEventType.ENGINE_EVENT}).records]
     else:
         entries = instance.all_logs(run.run_id)
     for entry in entries:
         event = entry.dagster_event
         if event is None:
             continue
-        if event.event_type is DagsterEventType.ASSET_MATERIALIZATION:
+        if event.event_type is DagsterEventType.ENGINE_EVENT:
+            step_process = _step_process(event)
+            if step_process:
+                op_name = (event.step_key or "").rsplit(".", 1)[-1]
+                executor = step_process[STEP_EXECUTOR]
+                processes[op_name] = f"{step_process[STEP_HOST]} pid {step_process[STEP_PID]}"
+                if STEP_CELERY_TASK in step_process:
+                    celery_tasks[op_name] = step_process[STEP_CELERY_TASK]
+        elif event.event_type is DagsterEventType.ASSET_MATERIALIZATION:
             materialization = event.event_specific_data.materialization
             per_partition[materialization.partition or "-"] = {
                 key: int(materialization.metadata[key].value)
@@ -325,14 +353,21 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
         partitions=partitions, status=status, result=RESULTS.get(status),
         run_status=run.status.value,
         started_at=_datetime(record.start_time), ended_at=_datetime(record.end_time),
-        launched_by=_launched_by(run), executor=run.tags.get(EXECUTOR_TAG),
+        launched_by=_launched_by(run), executor=executor,
         parent_run_id=run.parent_run_id, root_run_id=run.root_run_id,
         rerun_of=run.tags.get(RERUN_OF_TAG),
         totals=totals if per_partition else {}, per_partition=per_partition,
-        left_out=left_out, attempts=attempts, errors=errors,
-        celery_tasks={k.removeprefix(CELERY_TASK_TAG_PREFIX): v for k, v in run.tags.items()
-                      if k.startswith(CELERY_TASK_TAG_PREFIX)},
+        left_out=left_out, attempts=attempts, errors=errors, celery_tasks=celery_tasks,
+        processes=processes,
     )
+
+
+def _step_process(event: DagsterEvent) -> dict[str, str] | None:
+    """The host, process, executor and Celery task a step reported (:func:`record_step`)."""
+    data = event.engine_event_data
+    if data is None or STEP_HOST not in data.metadata:
+        return None
+    return {key: str(value.value) for key, value in data.metadata.items()}
 
 
 def _step_error(event) -> JobError:

@@ -3,6 +3,10 @@
 A source's transform checks its own format; these checks hold for every source:
 
 * the frame has exactly the target's columns (else the source's contract changed: the run fails);
+* date and exact decimal columns hold ``datetime.date`` and ``Decimal`` values: pandas
+  timestamps at midnight and floats are converted, anything else fails the run naming the column;
+* a replace-partition payload with no rows at all fails the run (it would empty the partition)
+  unless the source declares ``empty_payload_is_valid``;
 * rows with an incomplete natural key, rows outside the partition being loaded, and rows that
   share a natural key with different data are rejected to quarantine (de-duplication policy: an
   exact duplicate row is dropped and counted; conflicting duplicates are all rejected, since
@@ -16,14 +20,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 import pandas as pd
-from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy import BigInteger, Date, Integer, String
 from sqlalchemy.types import TypeEngine
 
 from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.etl.loading import LoadMode, LoadTarget
 from mostovik_pipelines.etl.spec import ParsedRows, RejectedRow
+from mostovik_pipelines.warehouse.types import ExactDecimal
 
 SHOWN_REASONS = 3
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -54,9 +60,17 @@ def validate_partition(
                 f"columns do not match table {target.table.name}: missing {missing}, "
                 f"unexpected {unexpected}"
             )
-        frame = frame[expected].reset_index(drop=True)
+        frame = _as_declared(frame[expected].reset_index(drop=True), target)
     else:
         frame = pd.DataFrame(columns=expected)
+    if (frame.empty and not rejected and target.mode is LoadMode.REPLACE_PARTITION
+            and not target.empty_payload_is_valid):
+        raise SourceContractError(
+            f"the payload holds no rows: loaded, it would delete every row of partition "
+            f"{partition_key} in {target.table.name}. If a delivery without rows is "
+            "legitimate for this source (no records on a holiday), declare "
+            "empty_payload_is_valid=True in its SourceSpec; if the source has not published "
+            "the partition yet, raise PartitionNotAvailable from its transform")
 
     bad = pd.Series(False, index=frame.index)
     reasons: dict[int, str] = {}
@@ -83,6 +97,58 @@ def validate_partition(
     valid = frame[~bad & ~exact_duplicates].reset_index(drop=True)
     _refuse_systematic_defects(rejected, len(valid) + len(rejected), max_rejected_share)
     return ValidatedFrame(valid, int(exact_duplicates.sum()), tuple(rejected))
+
+
+def _as_declared(frame: pd.DataFrame, target: LoadTarget) -> pd.DataFrame:
+    """The frame with its date and exact decimal columns in the Python types the loader and the
+    partition checks compare by, converting what has one obvious meaning: pandas timestamps at
+    midnight in a ``Date`` column become ``datetime.date`` (else every row would count as outside
+    its partition), floats and integers in an exact decimal column become ``Decimal`` of their
+    shortest text. Anything else fails the run, naming the column and the fix."""
+    converted = {}
+    for name in frame.columns:
+        values, column_type = frame[name], target.table.c[name].type
+        if isinstance(column_type, Date):
+            converted[name] = _dates(values, target.table.name)
+        elif isinstance(column_type, ExactDecimal):
+            converted[name] = _decimals(values, target.table.name)
+    return frame.assign(**converted) if converted else frame
+
+
+def _dates(values: pd.Series, table: str) -> pd.Series:
+    if pd.api.types.is_datetime64_any_dtype(values.dtype):
+        present = values.dropna()
+        if not (present == present.dt.normalize()).all():
+            raise SourceContractError(
+                f"column {values.name} of {table} is a Date but holds times of day (e.g. "
+                f"{present[present != present.dt.normalize()].iloc[0]}): give it "
+                "datetime.date values (series.dt.date) or declare it DateTime")
+        return values.dt.date.astype(object).where(values.notna(), None)
+    kind = pd.api.types.infer_dtype(values, skipna=True)
+    if kind not in ("date", "empty"):
+        raise SourceContractError(
+            f"column {values.name} of {table} is a Date but holds {kind} values (e.g. "
+            f"{_first_present(values)!r}): give it datetime.date values "
+            "(datetime.strptime(text, ...).date(), date.fromisoformat(text))")
+    return values
+
+
+def _decimals(values: pd.Series, table: str) -> pd.Series:
+    kind = pd.api.types.infer_dtype(values, skipna=True)
+    if kind in ("decimal", "empty"):
+        return values
+    if kind in ("floating", "integer", "mixed-integer-float"):
+        # The shortest text of a float is what the source wrote (5837.39, not 5837.3900000001).
+        return pd.Series([None if pd.isna(v) else Decimal(str(v)) for v in values],
+                         index=values.index, dtype=object, name=values.name)
+    raise SourceContractError(
+        f"column {values.name} of {table} is an exact decimal but holds {kind} values (e.g. "
+        f"{_first_present(values)!r}): give it decimal.Decimal values "
+        "(Decimal(text.replace(',', '.')) for a decimal comma)")
+
+
+def _first_present(values: pd.Series) -> object:
+    return next((v for v in values if not pd.isna(v)), None)
 
 
 def _flag(reasons: dict[int, str], bad: pd.Series, mask: pd.Series, reason: str) -> None:
@@ -115,9 +181,12 @@ def _refuse_systematic_defects(
     share = len(rejected) / total if total else 1.0
     if share > max_rejected_share:
         shown = "; ".join(f"row {r.row_number}: {r.reason}" for r in rejected[:SHOWN_REASONS])
+        why = ("; the source's max_rejected_share is 0: raise it in its SourceSpec if a few "
+               "unreadable rows may go to quarantine with the rest loaded"
+               if max_rejected_share == 0 else "")
         raise DataValidationError(
             f"systematic defect: {len(rejected)} of {total} rows rejected "
-            f"({share:.0%} > {max_rejected_share:.0%} allowed), nothing loaded; {shown}"
+            f"({share:.0%} > {max_rejected_share:.0%} allowed), nothing loaded; {shown}{why}"
         )
 
 

@@ -57,20 +57,7 @@ class HttpSourceResource(ConfigurableResource):
             response = httpx.get(url, params=params, headers=headers,
                                  timeout=self.timeout_seconds)
         shown = _without_credentials(str(response.request.url))
-        if response.status_code == 429:
-            raise SourceRateLimited(
-                f"HTTP 429 rate limited by {shown}", status=429,
-                retry_after=parse_retry_after(response.headers.get("Retry-After")),
-            )
-        if response.status_code >= 500:
-            raise SourceUnavailable(
-                f"HTTP {response.status_code} from {shown}", status=response.status_code,
-                retry_after=parse_retry_after(response.headers.get("Retry-After")),
-            )
-        if response.status_code >= 400:
-            raise SourceRequestRejected(
-                f"HTTP {response.status_code} from {shown}", status=response.status_code
-            )
+        raise_for_status(response, shown)
         return HttpResponse(
             content=response.content,
             content_type=response.headers.get("Content-Type", "application/octet-stream"),
@@ -85,6 +72,25 @@ class HttpSourceResource(ConfigurableResource):
                 "expected http(s)://host/path"
             )
         return self.base_url.rstrip("/") + "/" + path.lstrip("/") if path else self.base_url
+
+
+def raise_for_status(response: httpx.Response, shown: str) -> None:
+    """A non-2xx answer as a classified error naming ``shown`` (what was asked, never a
+    credential): 429 and 5xx transient (with ``Retry-After`` when sent), other 4xx permanent."""
+    if response.status_code == 429:
+        raise SourceRateLimited(
+            f"HTTP 429 rate limited by {shown}", status=429,
+            retry_after=parse_retry_after(response.headers.get("Retry-After")),
+        )
+    if response.status_code >= 500:
+        raise SourceUnavailable(
+            f"HTTP {response.status_code} from {shown}", status=response.status_code,
+            retry_after=parse_retry_after(response.headers.get("Retry-After")),
+        )
+    if response.status_code >= 400:
+        raise SourceRequestRejected(
+            f"HTTP {response.status_code} from {shown}", status=response.status_code
+        )
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:

@@ -13,22 +13,25 @@ from __future__ import annotations
 import contextlib
 import re
 import xml.etree.ElementTree as ET
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from xml.parsers import expat
 from zoneinfo import ZoneInfo
 
 import pandas as pd
-from dagster import BackfillPolicy
-from sqlalchemy import Column, Date, Index, Integer, String
+from dagster import BackfillPolicy, FreshnessPolicy
+from sqlalchemy import Column, Date, Index, Integer, String, select
 
 from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.etl.loading import LoadMode
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import (
+    CheckRequest,
+    CheckResult,
     ExtractRequest,
     JobType,
     ParsedRows,
+    PartitionCheck,
     PartitionNotAvailable,
     RawPayload,
     RejectedRow,
@@ -42,6 +45,7 @@ from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
 
+URL_SETTING = "MOSTOVIK_CBR_URL"
 DEFAULT_URL = "https://www.cbr.ru/scripts/XML_daily.asp"
 MOSCOW = ZoneInfo("Europe/Moscow")
 REQUIRED_FIELDS = ("NumCode", "CharCode", "Nominal", "Name", "Value")
@@ -51,6 +55,9 @@ NUM_CODE = re.compile(r"^\d{3}$")
 LARGEST_PLAUSIBLE_RATE = Decimal("1000000")
 LARGEST_PLAUSIBLE_NOMINAL = 1_000_000  # published nominals are 1 to 10 000
 UNIT_RATE_PRECISION = Decimal("0.00000001")
+EXPECTED_CURRENCIES = ("USD", "EUR", "CNY")
+"""The currencies the back office prices imports and contracts in: every published date has
+them."""
 
 cbr_daily_rates_table = warehouse_table(
     "cbr_daily_rates",
@@ -203,6 +210,28 @@ def _parse_amount(text: str, where: str, field: str) -> Decimal:
     return amount
 
 
+def currencies_present_and_positive(request: CheckRequest) -> CheckResult:
+    """Every expected currency is stored for the date, and every stored rate is positive. A
+    missing currency warns: the CBR can stop quoting one, and a quarantined one stays missing
+    on a first load. A rate that is not positive never comes through the parser: it blocks."""
+    table = request.table
+    rows = request.connection.execute(
+        select(table.c.char_code, table.c.nominal, table.c.value, table.c.unit_rate)
+        .where(table.c.partition_date == request.partition_value)).fetchall()
+    missing = [code for code in EXPECTED_CURRENCIES if code not in {row[0] for row in rows}]
+    not_positive = sorted(row[0] for row in rows
+                          if not (row[1] > 0 and row[2] > 0 and row[3] > 0))
+    metadata = {"currencies": len(rows), "missing": ", ".join(missing) or "-",
+                "not_positive": ", ".join(not_positive) or "-"}
+    if not_positive:
+        return CheckResult(False, f"rates not positive: {', '.join(not_positive)}", metadata)
+    if missing:
+        return CheckResult(False, f"expected currencies missing: {', '.join(missing)}",
+                           metadata, warning=True)
+    return CheckResult(True, f"{', '.join(EXPECTED_CURRENCIES)} present; all {len(rows)} rates "
+                             "positive", metadata)
+
+
 NAME_LENGTH = cbr_daily_rates_table.c.name.type.length
 
 SOURCE = SourceSpec(
@@ -220,8 +249,9 @@ SOURCE = SourceSpec(
     load_mode=LoadMode.REPLACE_PARTITION,
     extract=fetch_daily_rates,
     transform=parse_daily_rates,
+    url_setting=URL_SETTING,
     resource=HttpSourceResource(
-        base_url=setting("MOSTOVIK_CBR_URL", DEFAULT_URL),
+        base_url=setting(URL_SETTING, DEFAULT_URL),
         timeout_seconds=float(setting("MOSTOVIK_CBR_TIMEOUT_SECONDS", "30")),
     ),
     # Today's and tomorrow's partitions: tomorrow's appears after ~15:30, today's may be revised.
@@ -235,4 +265,14 @@ SOURCE = SourceSpec(
     # --partition-range` and the UI's single-run backfills need.
     backfill_policy=BackfillPolicy.single_run(),
     max_runtime_seconds=10 * 60,
+    protocol="http",
+    # Tomorrow's rates are published ~15:30 and the 16:00 run loads them: a working day without
+    # a load between 15:30 and 16:30 Moscow time leaves the source stale.
+    freshness_policy=FreshnessPolicy.cron(
+        deadline_cron="30 16 * * 1-5", lower_bound_delta=timedelta(hours=1),
+        timezone="Europe/Moscow"),
+    checks=(PartitionCheck(
+        "currencies_present_and_positive",
+        f"{', '.join(EXPECTED_CURRENCIES)} are stored for the date (warns if not) and every rate "
+        "is positive (blocks if not).", currencies_present_and_positive),),
 )

@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
 import pandas as pd
-from dagster import BackfillPolicy, EnvVar
+from dagster import BackfillPolicy, EnvVar, FreshnessPolicy
 from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Index, String, Text
 
 from mostovik_pipelines.etl.errors import (
@@ -25,7 +25,7 @@ from mostovik_pipelines.etl.errors import (
     SourceContractError,
     SourceRequestRejected,
 )
-from mostovik_pipelines.etl.loading import LoadMode
+from mostovik_pipelines.etl.loading import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
@@ -44,6 +44,7 @@ from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
 
+URL_SETTING = "MOSTOVIK_ERP_URL"
 WORK_ORDERS_PATH = "api/v1/work-orders"
 PAGE_SIZE = int(setting("MOSTOVIK_ERP_PAGE_SIZE", "100"))
 TIMEZONE = ZoneInfo(erp_work_orders_daily_partition.timezone)
@@ -199,11 +200,14 @@ SOURCE = SourceSpec(
     load_mode=LoadMode.MERGE_BY_VERSION,
     version_column="version",
     tombstone_column="deleted",
+    # A record updated again later moves to the window of its newer change.
+    key_held_elsewhere=KeyHeldElsewhere.MOVE,
     paged=True,
     extract=extract,
     transform=transform,
+    url_setting=URL_SETTING,
     resource=HttpSourceResource(
-        base_url=setting("MOSTOVIK_ERP_URL", "http://127.0.0.1:8765/erp"),
+        base_url=setting(URL_SETTING, "http://127.0.0.1:8765/erp"),
         timeout_seconds=float(setting("MOSTOVIK_ERP_TIMEOUT_SECONDS", "30")),
         token=EnvVar("MOSTOVIK_ERP_TOKEN") if setting("MOSTOVIK_ERP_TOKEN", "") else None,
     ),
@@ -212,4 +216,8 @@ SOURCE = SourceSpec(
     max_rejected_share=0.01,
     backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=31),
     max_runtime_seconds=60 * 60,
+    protocol="rest",
+    # The schedule syncs today's window every hour: two hours without a sync means it stopped.
+    freshness_policy=FreshnessPolicy.time_window(
+        fail_window=timedelta(hours=2), warn_window=timedelta(minutes=90)),
 )

@@ -599,4 +599,6 @@ SOURCE = SourceSpec(
     max_rejected_share=0.2,
     backfill_policy=BackfillPolicy.single_run(),
     max_runtime_seconds=30 * 60,
+    # Files arrive when sites send them: no freshness policy, every new version is a run.
+    protocol="file",
 )

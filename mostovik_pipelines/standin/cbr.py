@@ -4,6 +4,10 @@ Like the real service it answers a date with the rates effective on it: rates ar
 to Saturday (the day after each working day); Sunday and Monday carry Saturday's. Tomorrow's
 rates are published at 15:30 Moscow time; asked for a later date, it answers with the latest
 rates it has. Tests can move the publication boundary and change or remove rates of a date.
+
+Served at ``/cbr/XML_daily.asp`` (route ``cbr``); controls: ``POST /_control/cbr/changes``
+``{"date", "set": {code: "95,1234"}, "remove": [code]}``, ``POST /_control/cbr/published_until``
+``{"date": "2026-11-20" | null}``, ``DELETE /_control/cbr/changes`` (or ``/_control/cbr``).
 """
 
 from __future__ import annotations
@@ -12,8 +16,16 @@ import math
 import threading
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
+from typing import Any
 from zoneinfo import ZoneInfo
 
+from mostovik_pipelines.standin.endpoint import (
+    Endpoint,
+    EndpointState,
+    Request,
+    Served,
+    decoded,
+)
 from mostovik_pipelines.standin.reply import Reply
 
 MOSCOW = ZoneInfo("Europe/Moscow")
@@ -63,7 +75,7 @@ def _unit_rate(value: str, nominal: int) -> str:
         return value
 
 
-class CbrStandin:
+class CbrStandin(EndpointState):
     """Rates per effective date, with test-controlled changes and publication boundary."""
 
     def __init__(self) -> None:
@@ -111,7 +123,10 @@ class CbrStandin:
         lines.append("</ValCurs>")
         return "".join(lines).encode("windows-1251")
 
-    def reply(self, query: dict[str, list[str]]) -> Reply:
+    def serve(self, request: Request) -> Served:
+        return Served(self._reply(request.params), decoded(request.query))
+
+    def _reply(self, query: dict[str, list[str]]) -> Reply:
         asked_text = (query.get("date_req") or [""])[0]
         try:
             asked = datetime.strptime(asked_text, "%d/%m/%Y").date()
@@ -120,3 +135,20 @@ class CbrStandin:
             # so that a request bug shows up in tests.
             return Reply(400, b"date_req must be DD/MM/YYYY", "text/plain")
         return Reply(200, self.document(asked), "application/xml; charset=windows-1251")
+
+    def control(self, method: str, name: str, params: dict[str, list[str]],
+                body: dict[str, Any]) -> Any:
+        if (method, name) == ("POST", "changes"):
+            self.change(body["date"], body.get("set", {}), body.get("remove", []))
+            return {"changed": body["date"]}
+        if (method, name) == ("POST", "published_until"):
+            self.set_published_until(body.get("date"))
+            return {"published_until": body.get("date")}
+        if (method, name) == ("DELETE", "changes"):
+            self.reset()
+            return {"cleared": "changes"}
+        return None
+
+
+ENDPOINT = Endpoint(source="cbr_daily_rates", route="cbr", path="/cbr/XML_daily.asp",
+                    state=lambda options: CbrStandin())

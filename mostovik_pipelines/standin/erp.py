@@ -39,7 +39,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -49,9 +49,17 @@ from urllib.parse import parse_qs, unquote
 
 import numpy as np
 
+from mostovik_pipelines.standin.endpoint import (
+    Endpoint,
+    EndpointError,
+    EndpointState,
+    Request,
+    Served,
+)
 from mostovik_pipelines.standin.reply import Reply
 
-WORK_ORDERS_PATH = "/erp/api/v1/work-orders"
+WORK_ORDERS_PATH = "/api/v1/work-orders"
+"""Under the endpoint's path, ``/erp``: the source's base URL is the ERP's, not the API's."""
 DEFAULT_SEED = 1
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -97,12 +105,12 @@ _TITLES_JSON = tuple(tuple(json.dumps(work.format(n=n), ensure_ascii=False) for 
 _CHANGE_FIELDS = {"object_code", "title", "status", "planned_start", "planned_finish", "amount"}
 
 
-class ErpError(Exception):
+class ErpError(EndpointError):
     """A request or control the ERP refuses: answered with ``status`` and a JSON error."""
 
     def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.error, self.message = status, error, message
+        super().__init__(status, message)
+        self.error = error
 
     def reply(self) -> Reply:
         headers = {"WWW-Authenticate": 'Bearer realm="erp"'} if self.status == 401 else {}
@@ -174,19 +182,6 @@ class WorkOrder:
     def fragment(self) -> str:
         """The item as JSON text, the way pages are assembled."""
         return _json(self.item())
-
-
-@dataclass
-class ErpServed:
-    """A work-orders request as answered, with what the server's fault queue needs to know."""
-
-    reply: Reply
-    page: int | None
-    """Which page of its window the request asked for (1 without a token); None if unknown."""
-    match_text: str
-    """What a fault's ``match`` is looked for in: the query, plus the window's bounds for a
-    request that carries only a page token."""
-    page_token: str | None
 
 
 @dataclass(frozen=True)
@@ -289,8 +284,10 @@ class _Day:
         self.view: _DayView | None = None
 
 
-class ErpStandin:
+class ErpStandin(EndpointState):
     """The seeded work orders, the changes tests made to them, and the API's settings."""
+
+    faults = frozenset({"expire_token"})
 
     def __init__(self, token: str | None = None) -> None:
         self._lock = threading.Lock()
@@ -387,8 +384,49 @@ class ErpStandin:
 
     # -- the API
 
-    def serve(self, raw_query: str, authorization: str | None) -> ErpServed:
-        """Answer ``GET /api/v1/work-orders?<raw_query>``."""
+    def serve(self, request: Request) -> Served:
+        """Answer ``GET /api/v1/work-orders?<query>``. A fault's ``match`` is looked for in the
+        query, plus the window's bounds for a request that carries only a page token; ``page``
+        is the page of its window asked for (1 without a token)."""
+        if request.path != WORK_ORDERS_PATH:
+            return Served(ErpError(404, "not_found", f"no such resource {request.path}").reply(),
+                          unquote(request.query))
+        return self._serve_page(request.query, request.headers.get("Authorization"))
+
+    def control(self, method: str, name: str, params: dict[str, list[str]],
+                body: dict[str, Any]) -> Any:
+        if (method, name) == ("GET", "work-orders"):
+            return self.window_state(params)
+        if method != "POST":
+            return None
+        if name == "reset":
+            self.reset(body.get("seed"))
+            return {"reset": True}
+        if name == "volume":
+            self.set_volume(body.get("day"), body.get("records"))
+            return {"day": body["day"], "records": body["records"]}
+        if name == "changes":
+            return {"changed": self.apply_changes(body.get("changes"))}
+        if name == "auth":
+            self.set_token(body.get("token"))
+            return {"token_required": body.get("token") is not None}
+        if name == "page_tokens":
+            self.set_page_token_ttl(body.get("ttl_seconds"))
+            return {"ttl_seconds": body["ttl_seconds"]}
+        if name == "page_tokens/expire":
+            self.expire_page_tokens()
+            return {"expired": True}
+        raise ErpError(404, "unknown_control", f"unknown control /_control/erp/{name}")
+
+    def refuse_fault(self, kind: str, options: Mapping[str, Any]) -> str | None:
+        if kind == "expire_token" and int(options.get("page", 0)) < 2:
+            return "expire_token needs route erp and page >= 2, the first page carries no token"
+        return None
+
+    def fault(self, kind: str, options: Mapping[str, Any], served: Served) -> Reply:
+        return self.expire(served.page_token)
+
+    def _serve_page(self, raw_query: str, authorization: str | None) -> Served:
         match_text = unquote(raw_query)
         query = parse_qs(raw_query)
         token_text = _one(query, "page_token")
@@ -405,9 +443,9 @@ class ErpStandin:
                 items, more = self._page(window, cursor)
                 next_token = self._issue(window, items[-1], page + 1) if more else None
         except ErpError as error:
-            return ErpServed(error.reply(), page, match_text, token_text)
+            return Served(error.reply(), match_text, page, token_text)
         body = f'{{"items":[{",".join(items)}],"next_page_token":{_json(next_token)}}}'
-        return ErpServed(_json_text_reply(200, body), page, match_text, token_text)
+        return Served(_json_text_reply(200, body), match_text, page, token_text)
 
     def expire(self, page_token: str | None) -> Reply:
         """Expire one token for good (an ``expire_token`` fault) and answer as for any
@@ -726,3 +764,7 @@ def _date_json(ordinal: int) -> str:
 
 def _iso_date(day: date | None) -> str | None:
     return day.isoformat() if day else None
+
+
+ENDPOINT = Endpoint(source="erp_work_orders", route="erp", path="/erp",
+                    state=lambda options: ErpStandin(options.get("erp_token")))

@@ -1,9 +1,10 @@
 """A local stand-in for the external sources: a real HTTP server on 127.0.0.1 that serves each
 source's format deterministically and injects the faults tests ask for.
 
-Routes: ``GET /cbr/XML_daily.asp`` (route ``cbr``, :mod:`.cbr`) and
-``GET /erp/api/v1/work-orders`` (route ``erp``, :mod:`.erp`; the source's base URL is
-:attr:`StandinServer.erp_url`).
+It serves every endpoint the package declares (:mod:`.endpoint`: a module with ``ENDPOINT``),
+each at its path: ``/cbr/XML_daily.asp`` (route ``cbr``, :mod:`.cbr`), ``/erp`` (route ``erp``,
+:mod:`.erp`, work orders at ``/erp/api/v1/work-orders``), ... A source's base URL is
+:meth:`StandinServer.endpoint_url`.
 
 Control endpoints (JSON), used by tests and the chaos suite through :class:`StandinClient`:
 
@@ -21,6 +22,8 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`Stan
   ``expire_token`` (with ``page`` >= 2: the token that asks for that page expires for good, 410).
 * ``GET /_control/requests`` lists the latest 10,000 requests served (route, query, time,
   status, fault, page); ``DELETE /_control/requests`` forgets them.
+* ``<method> /_control/<route>/<name>``: an endpoint's own controls; ``DELETE
+  /_control/<route>`` forgets what tests changed in it.
 * CBR: ``POST /_control/cbr/changes``, ``POST /_control/cbr/published_until``,
   ``DELETE /_control/cbr/changes`` (see :mod:`.cbr`).
 * ERP (errors answer 400/404/409 with ``{"error", "message"}``):
@@ -45,21 +48,29 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from mostovik_pipelines.standin.cbr import CbrStandin
-from mostovik_pipelines.standin.erp import WORK_ORDERS_PATH, ErpError, ErpStandin, json_reply
+from mostovik_pipelines.standin.endpoint import (
+    Endpoint,
+    EndpointError,
+    EndpointState,
+    Request,
+    Served,
+    discover_endpoints,
+)
 from mostovik_pipelines.standin.reply import Reply
 
 # Enough for any test to inspect, bounded so that paging a big window does not grow memory.
 REQUEST_LOG_SIZE = 10_000
+SHARED_FAULTS = frozenset({"status", "hang", "drop", "truncate", "malformed", "rename_element",
+                           "wrong_encoding", "html", "raw", "body"})
+"""Fault kinds every endpoint has; an endpoint may add its own (:attr:`EndpointState.faults`)."""
 
 
 @dataclass
@@ -71,14 +82,21 @@ class Fault:
 
 
 class StandinState:
-    """Faults queued per route and the log of requests served; shared by handler threads."""
+    """Every endpoint's state, faults queued per route and the log of requests served; shared
+    by handler threads."""
 
-    def __init__(self, erp_token: str | None = None) -> None:
+    def __init__(self, endpoints: dict[str, Endpoint], options: dict[str, Any]) -> None:
         self.lock = threading.Lock()
         self.faults: dict[str, list[Fault]] = {}
         self.requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_SIZE)
-        self.cbr = CbrStandin()
-        self.erp = ErpStandin(erp_token)
+        self.endpoints = sorted(endpoints.values(), key=lambda e: len(e.path), reverse=True)
+        self.states: dict[str, EndpointState] = {
+            endpoint.route: endpoint.state(options) for endpoint in self.endpoints}
+
+    def endpoint_at(self, path: str) -> Endpoint | None:
+        """The endpoint serving ``path``: the one whose path is the longest prefix of it."""
+        return next((e for e in self.endpoints
+                     if path == e.path or path.startswith(e.path.rstrip("/") + "/")), None)
 
     def next_fault(self, route: str, query: str, page: int | None = None) -> Fault | None:
         """The first queued fault of the route that applies to this request (a fault with a
@@ -100,11 +118,6 @@ class StandinState:
 
 
 def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
-    routes: dict[str, Callable[[dict[str, list[str]]], Reply]] = {
-        "/cbr/XML_daily.asp": lambda query: state.cbr.reply(query),
-    }
-    route_names = {"/cbr/XML_daily.asp": "cbr"}
-
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # Headers and body go out in separate writes; on a kept-alive connection Nagle's
@@ -120,105 +133,96 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 with state.lock:
                     self._send_json(200, list(state.requests))
                 return
-            if url.path == "/_control/erp/work-orders":
-                self._control(lambda: state.erp.window_state(parse_qs(url.query)))
+            if url.path.startswith("/_control/"):
+                self._control("GET", url.path, parse_qs(url.query), {})
                 return
-            page = page_token = None
-            if url.path == WORK_ORDERS_PATH:
-                route = "erp"
-                served = state.erp.serve(url.query, self.headers.get("Authorization"))
-                reply, match_text = served.reply, served.match_text
-                page, page_token = served.page, served.page_token
-            elif url.path in routes:
-                route = route_names[url.path]
-                reply, match_text = routes[url.path](parse_qs(url.query)), unquote(url.query)
-            else:
+            endpoint = state.endpoint_at(url.path)
+            if endpoint is None:
                 self._send(Reply(404, b"not found", "text/plain"))
                 return
-            fault = state.next_fault(route, match_text, page)
-            if fault is not None and fault.kind == "expire_token":
-                status = self._send(state.erp.expire(page_token))
-            else:
-                status = self._serve(reply, fault)
+            endpoint_state = state.states[endpoint.route]
+            served = endpoint_state.serve(Request(
+                url.path.removeprefix(endpoint.path), url.query, self.headers))
+            fault = state.next_fault(endpoint.route, served.match_text, served.page)
+            status = self._serve(served, fault, endpoint_state)
             with state.lock:
-                state.requests.append({"route": route, "query": url.query, "at": time.time(),
-                                       "status": status,
-                                       "fault": fault.kind if fault else None, "page": page})
+                state.requests.append({"route": endpoint.route, "query": url.query,
+                                       "at": time.time(), "status": status,
+                                       "fault": fault.kind if fault else None,
+                                       "page": served.page})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             path = urlsplit(self.path).path
             if path == "/_control/faults":
-                fault = Fault(kind=body.pop("kind"), times=int(body.pop("times", 1)),
-                              options=body)
-                route = fault.options.pop("route", "cbr")
-                if "page" in fault.options:
-                    fault.options["page"] = int(fault.options["page"])
-                if fault.kind == "expire_token" and (
-                        route != "erp" or fault.options.get("page", 0) < 2):
-                    self._send_json(400, {"error": "expire_token needs route erp and page >= 2,"
-                                                   " the first page carries no token"})
-                    return
-                with state.lock:
-                    state.faults.setdefault(route, []).append(fault)
-                self._send_json(200, {"queued": fault.kind, "route": route})
-            elif path.startswith("/_control/erp/"):
-                self._control(lambda: self._erp_control(path.removeprefix("/_control/erp/"),
-                                                        body))
-            elif path == "/_control/cbr/changes":
-                state.cbr.change(body["date"], body.get("set", {}), body.get("remove", []))
-                self._send_json(200, {"changed": body["date"]})
-            elif path == "/_control/cbr/published_until":
-                state.cbr.set_published_until(body.get("date"))
-                self._send_json(200, {"published_until": body.get("date")})
+                self._queue_fault(body)
             else:
-                self._send_json(404, {"error": f"unknown control {path}"})
+                self._control("POST", path, {}, body)
 
         def do_DELETE(self) -> None:
             path = urlsplit(self.path).path
-            with state.lock:
-                if path == "/_control/faults":
+            if path == "/_control/faults":
+                with state.lock:
                     state.faults.clear()
-                elif path == "/_control/requests":
+            elif path == "/_control/requests":
+                with state.lock:
                     state.requests.clear()
-                elif path == "/_control/cbr/changes":
-                    state.cbr.reset()
+            else:
+                self._control("DELETE", path, {}, {})
+                return
             self._send_json(200, {"cleared": path})
 
-        def _erp_control(self, name: str, body: dict[str, Any]) -> Any:
-            erp = state.erp
-            if name == "reset":
-                erp.reset(body.get("seed"))
-                return {"reset": True}
-            if name == "volume":
-                erp.set_volume(body.get("day"), body.get("records"))
-                return {"day": body["day"], "records": body["records"]}
-            if name == "changes":
-                return {"changed": erp.apply_changes(body.get("changes"))}
-            if name == "auth":
-                erp.set_token(body.get("token"))
-                return {"token_required": body.get("token") is not None}
-            if name == "page_tokens":
-                erp.set_page_token_ttl(body.get("ttl_seconds"))
-                return {"ttl_seconds": body["ttl_seconds"]}
-            if name == "page_tokens/expire":
-                erp.expire_page_tokens()
-                return {"expired": True}
-            raise ErpError(404, "unknown_control", f"unknown control /_control/erp/{name}")
+        def _queue_fault(self, body: dict[str, Any]) -> None:
+            fault = Fault(kind=body.pop("kind"), times=int(body.pop("times", 1)), options=body)
+            route = fault.options.pop("route", "cbr")
+            if "page" in fault.options:
+                fault.options["page"] = int(fault.options["page"])
+            endpoint_state = state.states.get(route)
+            if endpoint_state is None:
+                self._send_json(400, {"error": f"no stand-in endpoint named {route}"})
+                return
+            if fault.kind not in SHARED_FAULTS and fault.kind not in endpoint_state.faults:
+                self._send_json(400, {"error": f"no fault {fault.kind} on route {route}"})
+                return
+            refused = endpoint_state.refuse_fault(fault.kind, fault.options)
+            if refused:
+                self._send_json(400, {"error": refused})
+                return
+            with state.lock:
+                state.faults.setdefault(route, []).append(fault)
+            self._send_json(200, {"queued": fault.kind, "route": route})
 
-        def _control(self, action: Callable[[], Any]) -> None:
-            """Answer with what ``action`` returns (a reply, or a payload to send as JSON) or
-            with the error it raises."""
+        def _control(self, method: str, path: str, params: dict[str, list[str]],
+                     body: dict[str, Any]) -> None:
+            """``/_control/<route>[/<name>]``: the endpoint's own control, answered with what it
+            returns (a reply, or a payload to send as JSON) or with the error it raises."""
+            route, _, name = path.removeprefix("/_control/").partition("/")
+            endpoint_state = state.states.get(route)
             try:
-                result = action()
-            except ErpError as error:
+                if endpoint_state is None:
+                    result = None
+                elif method == "DELETE" and not name:
+                    endpoint_state.reset()
+                    result = {"reset": route}
+                else:
+                    result = endpoint_state.control(method, name, params, body)
+            except EndpointError as error:
                 result = error.reply()
-            self._send(result if isinstance(result, Reply) else json_reply(200, result))
+            if result is None:
+                self._send_json(404, {"error": f"unknown control {path}"})
+            else:
+                self._send(result if isinstance(result, Reply) else Reply(
+                    200, json.dumps(result, ensure_ascii=False).encode(),
+                    "application/json; charset=utf-8"))
 
-        def _serve(self, reply: Reply, fault: Fault | None) -> int:
+        def _serve(self, served: Served, fault: Fault | None,
+                   endpoint_state: EndpointState) -> int:
+            reply = served.reply
             if fault is None:
                 return self._send(reply)
             kind, options = fault.kind, fault.options
+            if kind in endpoint_state.faults:
+                return self._send(endpoint_state.fault(kind, options, served))
             if kind == "status":
                 headers = {}
                 if "retry_after" in options:
@@ -292,7 +296,8 @@ class StandinServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  erp_token: str | None = None) -> None:
-        self.state = StandinState(erp_token)
+        self.endpoints = discover_endpoints()
+        self.state = StandinState(self.endpoints, {"erp_token": erp_token})
         self.httpd = _QuietServer((host, port), _make_handler(self.state))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -302,15 +307,22 @@ class StandinServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
+    def endpoint_url(self, source: str) -> str:
+        """The base URL that points ``source`` at its stand-in endpoint."""
+        if source not in self.endpoints:
+            raise KeyError(f"no stand-in endpoint for source {source}: add a module to "
+                           "mostovik_pipelines/standin/ that declares ENDPOINT")
+        return f"{self.url}{self.endpoints[source].path}"
+
     @property
     def cbr_url(self) -> str:
-        return f"{self.url}/cbr/XML_daily.asp"
+        return self.endpoint_url("cbr_daily_rates")
 
     @property
     def erp_url(self) -> str:
         """The ERP's base URL (``MOSTOVIK_ERP_URL``); work orders are at
         ``{erp_url}/api/v1/work-orders``."""
-        return f"{self.url}/erp"
+        return self.endpoint_url("erp_work_orders")
 
     def start(self) -> StandinServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -361,6 +373,14 @@ class StandinClient:
 
     def forget_requests(self) -> None:
         self._http.delete("/_control/requests").raise_for_status()
+
+    def reset(self, route: str) -> None:
+        """Forget what tests changed in one endpoint."""
+        self._http.delete(f"/_control/{route}").raise_for_status()
+
+    def control(self, route: str, name: str, payload: dict[str, Any]) -> Any:
+        """``POST /_control/<route>/<name>``: an endpoint's own control."""
+        return self._post(f"/_control/{route}/{name}", payload)
 
     def change_cbr_rates(self, day: str, set_values: dict[str, str] | None = None,
                          remove: list[str] | None = None) -> None:

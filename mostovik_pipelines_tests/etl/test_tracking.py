@@ -176,3 +176,18 @@ def test_a_single_partition_run_stopped_for_a_concurrent_run_is_partial(
     assert stopped.status is JobStatus.PARTIAL
     assert older.run_id in stopped.left_out[PARTITION]
     assert run_storage.get_run_by_id(result.run_id).tags["mostovik/status"] == "partial"
+
+
+def test_each_step_reports_where_it_ran_as_an_event_not_a_run_tag(cbr_job, run_storage):
+    import os
+    import socket
+
+    result = run_partition(cbr_job, PARTITION, run_storage)
+    tags = run_storage.get_run_by_id(result.run_id).tags
+    assert not [tag for tag in tags if tag.startswith(
+        ("mostovik/host", "mostovik/pid", "mostovik/executor", "mostovik/celery_task"))]
+    here = f"{socket.gethostname()} pid {os.getpid()}"
+    for job in (load_job(run_storage, result.run_id), list_jobs(run_storage)[0]):
+        assert job.processes == {op: here for op in (
+            "extract_cbr_daily_rates", "transform_cbr_daily_rates", "load_cbr_daily_rates")}
+        assert job.executor == "in_process" and job.celery_tasks == {}

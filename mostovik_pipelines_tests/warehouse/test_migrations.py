@@ -28,7 +28,7 @@ def test_every_source_table_has_the_conventions_the_loader_relies_on(pg_warehous
         "SELECT column_name, collation_name FROM information_schema.columns "
         f"WHERE table_name = '{table}' AND collation_name IS NOT NULL")))
     key_text = [k for k in target.natural_key if isinstance(target.table.c[k].type, String)]
-    assert key_text and all(collations[k] == "C" for k in key_text), collations
+    assert all(collations[k] == "C" for k in key_text), collations
     defaults = dict(pg_query(pg_warehouse_url, (
         "SELECT column_name, column_default FROM information_schema.columns "
         f"WHERE table_name = '{table}' AND column_default IS NOT NULL")))
