@@ -238,14 +238,16 @@ def load_partition(
             digest = (rows_digest(rows, target.mode)
                       if session.digests_guarded and kept is None and whole_partition else None)
             if digest is not None and previous is not None and digest == previous.content_digest:
+                # Exactly what the last load wrote: nothing to write, not even the ledger (the
+                # fetch it records is as good a bound as this one, for these very rows).
                 counts = LoadCounts(inserted=0, updated=0, unchanged=rows.num_rows, deleted=0)
             else:
                 counts = _load_postgresql(connection, target, rows, partition_key, session,
                                           {"run_id": run_id, "now": session.now}, kept,
                                           compare_stored=whole_partition)
-            if whole_partition:
-                record_load(connection, table_name, scope, rows.num_rows, digest,
-                            run_id, session.now, fetched_at)
+                if whole_partition:
+                    record_load(connection, table_name, scope, rows.num_rows, digest,
+                                run_id, session.now, fetched_at)
         else:
             now = datetime.now(UTC)
             stage = _create_stage(connection, target.table, target.columns)

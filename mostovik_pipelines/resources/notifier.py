@@ -1,5 +1,6 @@
 """Where alerts go: a log line always, and an HTTP webhook when ``MOSTOVIK_ALERT_WEBHOOK_URL`` is
-set (Slack-, Mattermost- or Teams-style incoming webhooks all take a JSON POST).
+set: a JSON POST of the alert's fields, with the summary line as ``text`` too, which Slack- and
+Mattermost-style incoming webhooks show as the message.
 
 The webhook URL is a secret (such URLs carry their token): it is read through ``EnvVar``, never
 logged, never put in an alert. An alert holds what an operator needs to act and nothing more:
@@ -77,7 +78,8 @@ class AlertNotifierResource(ConfigurableResource):
         log.warning(alert.summary())
         if not self.webhook_url:
             return True
-        body = json.dumps(asdict(alert), ensure_ascii=False).encode()
+        body = json.dumps({**asdict(alert), "text": alert.summary()},
+                          ensure_ascii=False).encode()
         for attempt in range(1, policy.max_attempts + 1):
             try:
                 response = httpx.post(self.webhook_url, content=body, timeout=self.timeout_seconds,

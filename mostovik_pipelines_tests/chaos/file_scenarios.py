@@ -57,6 +57,7 @@ import logging
 import os
 import random
 import re
+import signal
 import sys
 import time
 from collections import Counter
@@ -285,7 +286,7 @@ class FileSuite:
     def _drop_action(self, rng: random.Random, notes: list[str]) -> None:
         kinds = dict(DROP_KINDS)
         if self.reverts:
-            kinds["revert"] = 1
+            kinds["revert"] = 3
         kind = rng.choices(list(kinds), list(kinds.values()))[0]
         if len(self.files) < 2 or kind == "new":
             drop = self._new_file(rng)
@@ -886,6 +887,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"file chaos: seed {seed}, {args.scenarios} scenarios", flush=True)
+    # A plain kill must still stop the servers started here (the finally blocks below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     postgres = ThrowawayPostgres().start()
     try:
         totals = run_file_chaos(postgres, seed, args.scenarios,

@@ -109,8 +109,8 @@ BLOCKED_AFTER_SECONDS = 20.0
 ROW_COLUMNS = ("partition_date, rate_date, cbr_id, num_code, char_code, nominal, name, "
                "value::text, unit_rate::text")
 CHAR_CODE = 4
-ONE_DAY = timedelta(days=1)
 """Position of char_code in :data:`ROW_COLUMNS`."""
+ONE_DAY = timedelta(days=1)
 
 
 @dataclass

@@ -47,6 +47,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,15 @@ class Workspace:
         self.root = Path(tempfile.mkdtemp(prefix=f"mostovik-chaos-{source.name}-",
                                           dir=FAST_TMP if os.access(FAST_TMP, os.W_OK) else None))
         self.database = f"chaos_{source.name[:12]}_{uuid.uuid4().hex[:8]}"
+        try:
+            self._create(source, wiring, template)
+        except BaseException:
+            self._remove()
+            raise
+
+    def _create(self, source: SourceSpec, wiring: Callable[[Path], tuple[Any, dict[str, str]]],
+                template: str | None) -> None:
+        postgres = self.postgres
         with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
             clone = f" TEMPLATE {template}" if template else ""
             connection.execute(f"CREATE DATABASE {self.database}{clone}")
@@ -243,6 +253,9 @@ class Workspace:
 
     def close(self) -> None:
         self.instance.dispose()
+        self._remove()
+
+    def _remove(self) -> None:
         with contextlib.suppress(Exception), psycopg.connect(
                 self.postgres.dsn(), autocommit=True) as connection:
             connection.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
@@ -494,8 +507,7 @@ class SyncSuite:
             self.totals.faults["expire_all"] += 1
             note.append("expired")
         note += self._queue_faults(rng, window, pages, cli)
-        # Both runs of a duplicate pair resume or re-sync; only a single run's requests tell.
-        duplicate = checkpoint is None and rng.random() < 0.2
+        duplicate = rng.random() < 0.2
         kill_point = (rng.choices(list(KILL_POINTS), list(KILL_POINTS.values()))[0]
                       if rng.random() < (0.8 if cli else 0.45) else None)
         started = time.time()
@@ -531,7 +543,7 @@ class SyncSuite:
         run of a window that held a checkpoint when it started must have resumed."""
         self.synced[window] = all(s == DagsterRunStatus.SUCCESS for s in statuses)
         if checkpoint is None or len(statuses) != 1:
-            return
+            return  # the requests of a duplicate pair cannot be told apart
         problem = self._check_resume(window, checkpoint, started, time.time())
         if problem:
             self.totals.resume_violations += 1
@@ -843,6 +855,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"sync chaos: seed {seed}, {args.scenarios} scenarios", flush=True)
+    # A plain kill must still stop the servers started here (the finally blocks below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     postgres = ThrowawayPostgres().start()
     standin_server = StandinServer().start()
     try:
