@@ -5,8 +5,9 @@
   code location, the implicit asset job of UI asset backfills included (Dagster matches runs
   launched through the location: the UI, schedules, sensors, backfills, re-executions; a run of
   ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
-  alert, built from the job view of :mod:`.tracking` (source, period, the classified error), and
-  a run that died without writing its ``mostovik/status`` gets ``failed``, so the UI's run list
+  alert, built from the job view of :mod:`.tracking` (source, period, the classified error),
+  unless the daemon's run retries will run it again (its retry alerts if it fails too); a run
+  that died without writing its ``mostovik/status`` gets ``failed``, so the UI's run list
   filters it with the others.
 * ``freshness_alerts``: the daemon evaluates every source's ``FreshnessPolicy`` and records each
   change of state; this sensor alerts once each time a source turns FAIL (stale) and again only
@@ -43,6 +44,8 @@ from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
 
 ALERT_NOTIFIER_KEY = "alert_notifier"
 ALERT_INTERVAL_SECONDS = 15
+WILL_RETRY_TAG = "dagster/will_retry"
+"""Set by Dagster on a failed run: whether the daemon's run retries will run it again."""
 
 
 def alert_sensors(sources: Sequence[SourceSpec]) -> list[SensorDefinition]:
@@ -61,6 +64,11 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def run_failure_alerts(context: RunFailureSensorContext,
                            alert_notifier: AlertNotifierResource) -> None:
         run = context.dagster_run
+        if run.tags.get(WILL_RETRY_TAG) == "true":
+            # The daemon runs it again (a lost worker): the job has not failed yet. Its retry,
+            # a run of its own, alerts if it fails too.
+            context.log.info(f"run {run.run_id} failed and will be retried: no alert yet")
+            return
         if STATUS_TAG not in run.tags:
             context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
         job = load_job(context.instance, run.run_id, sources)
