@@ -36,6 +36,7 @@ def chaos_env(postgres, standin_server):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_after_kills_faults_duplicates_reruns_and_reexecutions_the_data_is_as_expected(chaos_env):
     totals = run_chaos(chaos_env, SEED, SCENARIOS, cli_share=0.15)
     assert totals.scenarios == SCENARIOS

@@ -17,6 +17,7 @@ SCENARIOS = 10
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_after_kills_faults_duplicates_and_resumes_the_synced_windows_equal_the_source(
     postgres, standin_server
 ):
@@ -32,6 +33,7 @@ def test_after_kills_faults_duplicates_and_resumes_the_synced_windows_equal_the_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_after_kills_duplicates_and_racing_re_uploads_each_file_holds_its_newest_version(
     postgres
 ):
