@@ -13,7 +13,8 @@ our job next to dlt's ``rest_api`` source, each sync in a process of its own.
   stored: what the stand-in and HTTP cost before anyone writes a row;
 * a re-sync of the unchanged window by both, with the target table's ``pg_stat_user_tables``
   ``n_tup_ins/n_tup_upd/n_tup_del`` deltas;
-* our peak RSS for windows of several sizes (a process each): flat in the number of pages.
+* our peak RSS for windows of several sizes (a process each): is it flat in the number of pages;
+* ours once more in pages of ``BIG_PAGE_SIZE``: how much of our time is paid per page.
 
 The stand-in runs in a thread of the benchmark's own process, on 127.0.0.1, every day it serves
 generated and its sorted view built before the clock starts (one warm-up request per window).

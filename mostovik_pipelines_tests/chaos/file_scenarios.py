@@ -18,24 +18,26 @@ An inbox of a few delivery reports with overlapping lifetimes. A scenario mixes,
   ledger names the run; the archive step is next) or at a random moment;
 * duplicate concurrent runs of one version (an operator's re-run beside the sensor's), and
   re-uploads racing a run: a corrected version dropped while the older version's run is in
-  flight, at the same points, and its run started at once.
+  flight, at the same points, and its run started at once;
+* an operator's re-run of an older version's landed payload (``reuse_landed``) once a newer
+  version is loaded: its load must be refused as superseded.
 
 Then, as an operator would, it ticks the sensor once more and re-runs the newest version of each
 file whose runs were killed, until a run succeeds.
 
 The judge's model. The newest version of a file is its last drop (drop order is modification
-time order, so any older version's load is refused as superseded). For every file name the
-table holds exactly the rows of its newest loadable version (a defective version leaves the
-file's rows as they were), on every field and with that ``file_version``; no row of another
-file is touched, no (waybill, line) is held twice, and the newest loaded version's quarantine
-holds its rejected rows (the bad rows, at their spreadsheet row numbers, and the claimed lines).
-The model is kept independent of which older versions loaded in between: bad rows only ever
-have keys the file never held, and an unreadable key (which holds back every deletion by
-absence) only appears in a version that removes nothing from a file whose stored rows are
-known. A defective newest version is still in the inbox; a loaded one is in the archive as
-``<name>@<hash>`` with its bytes and a note of its outcome (a copy of the same bytes dropped
-again may stay in the inbox: the sensor never requests a run key twice), and nothing ever
-leaves the archive.
+time order, so any older version's load is refused as superseded). For every file name the table
+holds exactly the rows of its newest loadable version (a defective version leaves the file's
+rows as they were, and so does a version overwritten before any tick saw it), on every field and
+with that ``file_version``; no row of another file is touched, no (waybill, line) is held twice,
+and the newest loaded version's quarantine holds its rejected rows (the bad rows, at their
+spreadsheet row numbers, and the claimed lines). The model is kept independent of which older
+versions loaded in between: bad rows only ever have keys the file never held, and an unreadable
+key (which holds back every deletion by absence) only appears in a version that removes nothing
+from a file whose stored rows are known. A defective newest version is still in the inbox; a
+loaded one is in the archive as ``<name>@<hash>`` with its bytes and a note of its outcome (a
+copy of the same bytes dropped again may stay in the inbox: the sensor never requests a run key
+twice), and nothing ever leaves the archive.
 
 ``--reverts`` adds one more drop: the bytes of an older version of a file dropped again as its
 newest. The sensor keys runs by content hash, so that upload is never run (a known defect).
@@ -142,6 +144,8 @@ DROP_KINDS = {"new": 3, "correction": 4, "same_bytes": 1.5, "bad_rows": 2, "defe
 KILL_POINTS = ("extract", "landed", "load", "committed", "random")
 RACE_POINTS = ("extract", "landed", "load", "random")
 SETTLE_ATTEMPTS = 3
+REUSE_LANDED = {SOURCE: {"ops": {f"extract_{SOURCE}": {"config": {"reuse_landed": True}}}}}
+"""Run config of the ops: re-transform the version's latest landed payload."""
 MAX_BAD_SHARE = 0.17
 """Bad rows of a loadable version stay below the source's 20% (``max_rejected_share``)."""
 DROP_SPACING_NS = 2 * 10**9
@@ -163,6 +167,8 @@ class FileTotals:
     duplicate_runs: int = 0
     reupload_races: Counter = field(default_factory=Counter)
     """Re-uploads dropped while the older version's run was in flight, by point."""
+    replays: int = 0
+    """Operators' re-runs of an older version's landed payload (``reuse_landed``)."""
     superseded: int = 0
     """Loads refused because a newer version of the file was loaded first."""
     settle_runs: int = 0
@@ -269,9 +275,10 @@ class FileSuite:
         rng = random.Random(f"{self.seed}:files:{number}")
         notes: list[str] = []
         for step in range(rng.randint(3, 5)):
-            if step == 0 or rng.random() < 0.55:
+            action = rng.random()
+            if step == 0 or action < 0.55:
                 self._drop_action(rng, notes)
-            else:
+            elif action < 0.9 or not self._replay_older(rng, notes):
                 self._tick_and_run(rng, notes)
         self._settle(rng, notes)
         problems = self._judge()
@@ -582,6 +589,29 @@ class FileSuite:
                 continue
         return False
 
+    def _replay_older(self, rng: random.Random, notes: list[str]) -> bool:
+        """An operator re-transforms the landed payload of a version older than the file's
+        loaded one (``reuse_landed``): its load must be refused as superseded, the table left
+        as it is. False if no file has such a version."""
+        older = [drop for report in self.files.values()
+                 if (loaded := self._expected(report)) is not None
+                 and self._loaded(loaded.version)
+                 for drop in report.drops
+                 if drop.number < loaded.number and drop.loadable
+                 and drop.version != loaded.version and self._landed(drop.version)]
+        if not older:
+            return False
+        drop = rng.choice(older)
+        self.totals.replays += 1
+        handle = self.ws.start_warm(drop.version, ops_config=REUSE_LANDED)
+        self.totals.runs["operator"] += 1
+        notes.append(f"replay[{drop.name[:14]}]:{status_text(self.ws.finish(handle, rng))}")
+        return True
+
+    def _landed(self, version: str) -> bool:
+        return (self.ws.data_dir / "landing" / quote(SOURCE, safe="")
+                / quote(version, safe="") / "fetches").exists()
+
     # --- settling -------------------------------------------------------------------------------
 
     def _settle(self, rng: random.Random, notes: list[str]) -> None:
@@ -821,6 +851,7 @@ def file_summary(totals: FileTotals, replay: str, seconds: float) -> str:
         f"  re-upload races:      {sum(totals.reupload_races.values())} "
         f"({counts_text(totals.reupload_races)}); loads refused as superseded: "
         f"{totals.superseded}",
+        f"  replays of an older version's landed payload: {totals.replays}",
         f"  identical re-uploads left in the inbox: {totals.copies_left}",
         f"  quarantined rows of versions no longer loaded: {totals.stale_quarantine}",
         f"  differences found:    {totals.differences} (distinct problems: "

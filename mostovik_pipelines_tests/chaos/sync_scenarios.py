@@ -193,14 +193,17 @@ class Workspace:
             **cli_environment,
         }
 
-    def start_warm(self, partition: str, tags: dict[str, str] | None = None) -> RunHandle:
+    def start_warm(self, partition: str, tags: dict[str, str] | None = None,
+                   ops_config: dict[str, Any] | None = None) -> RunHandle:
+        """A run in a forked process; ``ops_config``: the run config of its ops."""
         attempt = uuid.uuid4().hex[:12]
         run_id = str(uuid.uuid4())
         log_path = self.logs / f"warm-{attempt}.log"
+        run_config = {**QUIET, **({"ops": ops_config} if ops_config else {})}
         process = multiprocessing.get_context("fork").Process(
             target=_warm_child,
             args=(self.job, self.instance, partition, run_id,
-                  {**(tags or {}), ATTEMPT_TAG: attempt}, log_path),
+                  {**(tags or {}), ATTEMPT_TAG: attempt}, run_config, log_path),
             daemon=True)
         process.start()
         return RunHandle("warm", (partition,), attempt, process, log_path, run_id)
@@ -264,7 +267,7 @@ class Workspace:
 
 
 def _warm_child(job, instance: DagsterInstance, partition: str, run_id: str,
-                tags: dict[str, str], log_path: Path) -> None:
+                tags: dict[str, str], run_config: dict[str, Any], log_path: Path) -> None:
     """The body of a forked warm run; its exit code is 0 when the run succeeded. It uses the
     parent's instance: its SQLite storages hold no connection between calls (``NullPool``), and
     loading the instance again would cost the run a second."""
@@ -277,7 +280,7 @@ def _warm_child(job, instance: DagsterInstance, partition: str, run_id: str,
         with hold_run_claim(instance, run_id):
             result = job.execute_in_process(partition_key=partition, instance=instance,
                                             run_id=run_id, raise_on_error=False, tags=tags,
-                                            run_config=QUIET)
+                                            run_config=run_config)
         success = result.success
     finally:
         with contextlib.suppress(Exception):
