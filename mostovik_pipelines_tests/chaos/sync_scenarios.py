@@ -504,11 +504,8 @@ class SyncSuite:
         pages = self._pages(window)
         cli = rng.random() < self.cli_share
         note = [f"{window[5:]}:{'cli' if cli else 'warm'}"]
-        if checkpoint and rng.random() < 0.4:
-            # The committed token expires while the window waits: the resume narrows the window.
-            self.standin.expire_erp_page_tokens()
-            self.totals.faults["expire_all"] += 1
-            note.append("expired")
+        if checkpoint:
+            self._maybe_expire_tokens(rng, note)
         note += self._queue_faults(rng, window, pages, cli)
         duplicate = rng.random() < 0.2
         kill_point = (rng.choices(list(KILL_POINTS), list(KILL_POINTS.values()))[0]
@@ -527,9 +524,17 @@ class SyncSuite:
         self._book(window, statuses, checkpoint, started, note)
         if killed and rng.random() < 0.6:
             # The operator's re-run right after the crash: it must resume.
+            self._maybe_expire_tokens(rng, note)
             status = self._run_once(rng, window, rng.random() < self.cli_share, note)
             note.append(f"resume:{status_text(status)}")
         notes.append("[" + " ".join(note) + "]")
+
+    def _maybe_expire_tokens(self, rng: random.Random, note: list[str]) -> None:
+        """The committed token expires while the window waits: the resume narrows the window."""
+        if rng.random() < 0.4:
+            self.standin.expire_erp_page_tokens()
+            self.totals.faults["expire_all"] += 1
+            note.append("expired")
 
     def _run_once(self, rng: random.Random, window: str, cli: bool,
                   note: list[str]) -> DagsterRunStatus | None:
