@@ -106,7 +106,7 @@ from mostovik_pipelines.etl.tracking import (
     completed_or_partial,
     record_step,
 )
-from mostovik_pipelines.etl.validation import validate_partition
+from mostovik_pipelines.etl.validation import row_text, validate_partition
 from mostovik_pipelines.resources.landing import LandedPayload
 
 WAREHOUSE_KEY = "warehouse"
@@ -139,6 +139,8 @@ class TransformedPartition:
     landed: LandedPayload
     duplicates_dropped: int
     rejected: tuple[RejectedRow, ...]
+    row_numbers: tuple[int, ...] | None = None
+    """Each row's position in the payload (what a quarantined row is numbered by)."""
 
 
 @dataclass(frozen=True)
@@ -424,8 +426,9 @@ def _transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str
             f"{spec.name} [{key}]: {len(validated.rejected)} rows rejected to quarantine, "
             f"first: row {validated.rejected[0].row_number}: {validated.rejected[0].reason}"
         )
-    return TransformedPartition(validated.frame, landed, validated.duplicates_dropped,
-                                validated.rejected)
+    return TransformedPartition(
+        validated.frame, landed, validated.duplicates_dropped, validated.rejected,
+        None if validated.row_numbers is None else tuple(validated.row_numbers.tolist()))
 
 
 def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
@@ -687,7 +690,8 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
     quarantined: list[RejectedRow] = []
 
     def quarantine(connection, counts: LoadCounts) -> None:
-        quarantined[:] = [*outcome.rejected, *_held_elsewhere(outcome.frame, counts)]
+        quarantined[:] = [*outcome.rejected,
+                          *_held_elsewhere(outcome.frame, outcome.row_numbers, counts)]
         replace_quarantine(connection, spec.name, key, context.run_id, quarantined)
 
     counts = load_partition(
@@ -716,14 +720,18 @@ def _received_columns(spec: SourceSpec) -> list[str]:
     return [*spec.natural_key, *([spec.version_column] if spec.version_column else [])]
 
 
-def _held_elsewhere(frame: pd.DataFrame, counts: LoadCounts) -> list[RejectedRow]:
+def _held_elsewhere(frame: pd.DataFrame, row_numbers: tuple[int, ...] | None,
+                    counts: LoadCounts) -> list[RejectedRow]:
+    """The rows the load left out because another partition value holds their keys, numbered
+    by their place in the payload."""
     rejected = []
     for held in counts.held_elsewhere:
         key = {k: v for k, v in held.items() if k != "held_by"}
         match = frame.index[(frame[list(key)] == pd.Series(key)).all(axis=1)]
-        position = int(match[0]) + 1 if len(match) else 0
-        raw = frame.loc[match[0]].to_json(force_ascii=False, default_handler=str) if len(
-            match) else str(key)
+        index = int(match[0]) if len(match) else None
+        position = (0 if index is None else row_numbers[index] if row_numbers is not None
+                    else index + 1)
+        raw = row_text(frame.loc[index]) if index is not None else str(key)
         rejected.append(RejectedRow(
             position, raw, f"key {key} is already held by {held['held_by']}: not overwritten",
             key=None))

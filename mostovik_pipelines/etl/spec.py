@@ -114,6 +114,10 @@ class ParsedRows:
 
     frame: pd.DataFrame
     rejected: Sequence[RejectedRow] = ()
+    row_numbers: Sequence[int] | None = None
+    """Each frame row's position in the payload as the source numbers it (a file's row, title
+    and header rows counted), so that rows rejected later (conflicting duplicates, keys held
+    elsewhere) name the row an operator opens; by default the frame's own order."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
+import numpy as np
 import pandas as pd
 from sqlalchemy import BigInteger, Date, Integer, String
 from sqlalchemy.types import TypeEngine
@@ -40,6 +41,12 @@ class ValidatedFrame:
     frame: pd.DataFrame
     duplicates_dropped: int
     rejected: tuple[RejectedRow, ...]
+    row_numbers: np.ndarray | None = None
+    """Each valid row's position in the payload (:attr:`.ParsedRows.row_numbers`)."""
+
+    def row_number(self, index: int) -> int:
+        """The payload position of the valid row at ``index``."""
+        return int(self.row_numbers[index]) if self.row_numbers is not None else index + 1
 
 
 def validate_partition(
@@ -49,8 +56,14 @@ def validate_partition(
     """The rows ready to load and the rows to quarantine, or an error saying what is wrong."""
     if isinstance(parsed, ParsedRows):
         frame, rejected = parsed.frame, list(parsed.rejected)
+        numbers = parsed.row_numbers
     else:
-        frame, rejected = parsed, []
+        frame, rejected, numbers = parsed, [], None
+    positions = (np.asarray(numbers, dtype=np.int64) if numbers is not None
+                 else np.arange(1, len(frame) + 1, dtype=np.int64))
+    if len(positions) != len(frame):
+        raise SourceContractError(
+            f"the transform gave {len(positions)} row numbers for {len(frame)} rows")
     expected = target.columns
     if len(frame.columns) or not rejected:
         missing = [c for c in expected if c not in frame.columns]
@@ -90,13 +103,15 @@ def validate_partition(
           "shares its natural key with a different row")
 
     rejected += [
-        RejectedRow(row_number=index + 1, raw=_row_text(frame.loc[index]), reason=reason,
+        RejectedRow(row_number=int(positions[index]), raw=row_text(frame.loc[index]),
+                    reason=reason,
                     key=_key_of(frame.loc[index], target.natural_key))
         for index, reason in sorted(reasons.items())
     ]
-    valid = frame[~bad & ~exact_duplicates].reset_index(drop=True)
+    keep = (~bad & ~exact_duplicates).to_numpy()
+    valid = frame[keep].reset_index(drop=True)
     _refuse_systematic_defects(rejected, len(valid) + len(rejected), max_rejected_share)
-    return ValidatedFrame(valid, int(exact_duplicates.sum()), tuple(rejected))
+    return ValidatedFrame(valid, int(exact_duplicates.sum()), tuple(rejected), positions[keep])
 
 
 def _as_declared(frame: pd.DataFrame, target: LoadTarget) -> pd.DataFrame:
@@ -196,6 +211,7 @@ def _key_of(row: pd.Series, natural_key: Sequence[str]) -> dict | None:
     return None if any(pd.isna(value) for value in key.values()) else key
 
 
-def _row_text(row: pd.Series) -> str:
+def row_text(row: pd.Series) -> str:
+    """A row as readable JSON for quarantine: every value as its text (dates as dates)."""
     return json.dumps({k: None if pd.isna(v) else str(v) for k, v in row.items()},
                       ensure_ascii=False)

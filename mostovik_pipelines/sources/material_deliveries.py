@@ -146,7 +146,7 @@ def parse_delivery_report(content: bytes, file_name: str, file_version: str,
     plan = [(name, column, positions[column], readers[column])
             for name, column in HEADERS.items()]
     header_width = len(sheet.rows[header_at][1])
-    records, rejected = [], []
+    records, rejected, numbers = [], [], []
     for row_number, cells in data_rows:
         values, problems = _parse_row(cells, plan)
         if sheet.strict_width and not _is_empty(cells[header_width:]):
@@ -163,9 +163,10 @@ def parse_delivery_report(content: bytes, file_name: str, file_version: str,
             ))
         else:
             records.append((*values.values(), file_name, file_version))
+            numbers.append(row_number)
     frame = pd.DataFrame.from_records(records, columns=_RECORD_COLUMNS)[list(COLUMNS)]
     frame["line_no"] = frame["line_no"].astype("int64")
-    return ParsedRows(frame, rejected)
+    return ParsedRows(frame, rejected, numbers)
 
 
 _RECORD_COLUMNS = [*HEADERS.values(), "source_file", "file_version"]

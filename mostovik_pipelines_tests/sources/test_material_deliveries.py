@@ -349,10 +349,6 @@ def test_a_waybill_line_another_file_delivered_is_quarantined_naming_that_file(
     assert load_metadata(sensor.instance, result.run_id)["rejected"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: rows rejected after parsing (conflicting duplicates, lines held by another "
-    "file) are numbered by their place among the parsed rows, not by their row in the file; "
-    "the parser must hand its row numbers to validation (ParsedRows) and to the load"))
 def test_quarantined_rows_name_the_row_of_the_file_they_came_from(
     pg_warehouse_url, sensor, inbox
 ):
