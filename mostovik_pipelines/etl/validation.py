@@ -9,8 +9,9 @@ A source's transform checks its own format; these checks hold for every source:
   unless the source declares ``empty_payload_is_valid``;
 * rows with an incomplete natural key, rows outside the partition being loaded, and rows that
   share a natural key with different data are rejected to quarantine (de-duplication policy: an
-  exact duplicate row is dropped and counted; conflicting duplicates are all rejected, since
-  nothing tells which one is right);
+  exact duplicate row is dropped and counted; in merge-by-version mode an older version of a key
+  the payload also sends newer is dropped and counted too; other conflicting duplicates are all
+  rejected, since nothing tells which one is right);
 * if the rejected share of the partition exceeds the source's ``max_rejected_share``, the defect
   is systematic: nothing is loaded and the run fails without retry.
 """
@@ -98,6 +99,8 @@ def validate_partition(
 
     exact_duplicates = frame.duplicated(keep="first") & ~bad
     candidates = frame[~exact_duplicates & ~bad]
+    superseded = _older_versions(candidates, target).reindex(frame.index, fill_value=False)
+    candidates = candidates[~superseded.loc[candidates.index]]
     conflicting = candidates.duplicated(subset=list(target.natural_key), keep=False)
     _flag(reasons, bad, conflicting.reindex(frame.index, fill_value=False),
           "shares its natural key with a different row")
@@ -108,10 +111,22 @@ def validate_partition(
                     key=_key_of(frame.loc[index], target.natural_key))
         for index, reason in sorted(reasons.items())
     ]
-    keep = (~bad & ~exact_duplicates).to_numpy()
+    keep = (~bad & ~exact_duplicates & ~superseded).to_numpy()
     valid = frame[keep].reset_index(drop=True)
     _refuse_systematic_defects(rejected, len(valid) + len(rejected), max_rejected_share)
-    return ValidatedFrame(valid, int(exact_duplicates.sum()), tuple(rejected), positions[keep])
+    return ValidatedFrame(valid, int(exact_duplicates.sum() + superseded.sum()),
+                          tuple(rejected), positions[keep])
+
+
+def _older_versions(candidates: pd.DataFrame, target: LoadTarget) -> pd.Series:
+    """Merge-by-version: rows of a key the same payload also sends in a newer version (a record
+    changed while a window was being paged comes again, later, in its newer version). Only the
+    newest can win anyway, so the older ones are dropped as duplicates, never a conflict."""
+    if target.mode is not LoadMode.MERGE_BY_VERSION or not target.version_column:
+        return pd.Series(False, index=candidates.index)
+    versions = pd.to_numeric(candidates[target.version_column], errors="coerce")
+    newest = versions.groupby([candidates[name] for name in target.natural_key]).transform("max")
+    return versions < newest
 
 
 def _as_declared(frame: pd.DataFrame, target: LoadTarget) -> pd.DataFrame:

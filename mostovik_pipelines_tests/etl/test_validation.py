@@ -63,3 +63,31 @@ def test_too_many_rejections_are_a_systematic_defect():
 def test_a_frame_without_the_table_columns_is_a_contract_change():
     with pytest.raises(SourceContractError, match=r"missing \['unit_rate'\]"):
         validate([{k: v for k, v in row("USD").items() if k != "unit_rate"}])
+
+
+def _work_order(record_id: str, version: int, title: str = "Опора 3") -> dict:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+    return {"id": record_id, "object_code": "MST-01", "title": title, "status": "planned",
+            "planned_start": None, "planned_finish": None, "amount": Decimal("10.00"),
+            "updated_at": datetime(2026, 11, 5, 9, tzinfo=ZoneInfo("Europe/Moscow")),
+            "version": version, "deleted": False, "window_date": DAY}
+
+
+def test_a_sync_payload_sending_a_record_twice_keeps_its_newest_version():
+    """A record changed while its window was paged comes again, later, newer: only the newest
+    can win, so the older one is a duplicate, not a conflict that would quarantine both."""
+    from mostovik_pipelines.etl.spec import ParsedRows
+    from mostovik_pipelines.sources.erp_work_orders import SOURCE as WORK_ORDERS
+
+    rows = [_work_order("A", 3), _work_order("B", 1), _work_order("A", 5, "Опора 3, доп."),
+            _work_order("C", 2), _work_order("C", 2, "другое")]
+    result = validate_partition(ParsedRows(pd.DataFrame(rows), row_numbers=[11, 12, 13, 14, 15]),
+                                WORK_ORDERS.load_target, DAY.isoformat(), 0.9)
+    assert list(zip(result.frame["id"], result.frame["version"])) == [("B", 1), ("A", 5)]
+    assert result.duplicates_dropped == 1
+    # The same version with different data is still a conflict: both rows go to quarantine,
+    # numbered as the payload numbers them.
+    assert [(r.row_number, r.key) for r in result.rejected] == [(14, {"id": "C"}),
+                                                                 (15, {"id": "C"})]
+    assert list(result.row_numbers) == [12, 13]
