@@ -48,7 +48,13 @@ from mostovik_pipelines.etl.asset_view import markdown_table
 from mostovik_pipelines.etl.errors import classify
 from mostovik_pipelines.etl.loading import LoadMode
 from mostovik_pipelines.etl.quarantine import quarantined_rows
-from mostovik_pipelines.etl.spec import CheckRequest, CheckResult, PartitionCheck, SourceSpec
+from mostovik_pipelines.etl.spec import (
+    CheckRequest,
+    CheckResult,
+    PartitionCheck,
+    ReceivedRows,
+    SourceSpec,
+)
 
 SAMPLE_ROWS = 5
 """Offending rows shown in a failed check's metadata."""
@@ -78,7 +84,7 @@ def check_specs(spec: SourceSpec) -> list[AssetCheckSpec]:
 
 
 def evaluate_partition(engine: Engine, spec: SourceSpec, partition_key: str, run_id: str,
-                       received: pd.DataFrame, received_rows: int,
+                       received: ReceivedRows | pd.DataFrame, received_rows: int,
                        loaded_by_run: Sequence[Any], instance: DagsterInstance | None = None,
                        ) -> list[AssetCheckEvaluation]:
     """Run every check of the source on one loaded partition; one evaluation per check.
@@ -96,7 +102,9 @@ def evaluate_partition(engine: Engine, spec: SourceSpec, partition_key: str, run
         request = CheckRequest(
             connection=connection, table=spec.table, partition_key=partition_key,
             partition_value=spec.load_target.partition_value(partition_key), run_id=run_id,
-            received=received, received_rows=received_rows, loaded_by_run=tuple(loaded_by_run),
+            received=(ReceivedRows.of(received) if isinstance(received, pd.DataFrame)
+                      else received),
+            received_rows=received_rows, loaded_by_run=tuple(loaded_by_run),
         )
         for check in partition_checks(spec):
             started = time.monotonic()
@@ -233,25 +241,32 @@ def _version_never_goes_down(spec: SourceSpec) -> PartitionCheck:
 
     def evaluate(request: CheckRequest) -> CheckResult:
         table = request.table
-        received = request.received.drop_duplicates(subset=[key]).set_index(key)[version]
-        lower = []
-        ids = list(received.index)
-        for start in range(0, len(ids), VERSION_BATCH):
-            batch = ids[start:start + VERSION_BATCH]
-            stored = request.connection.execute(
-                select(table.c[key], table.c[version]).where(table.c[key].in_(batch)))
-            lower += [(row[0], row[1], int(received[row[0]])) for row in stored
-                      if row[1] < int(received[row[0]])]
-        metadata = {"keys_compared": MetadataValue.int(len(ids)),
-                    "versions_gone_down": MetadataValue.int(len(lower))}
-        if not lower:
+        compared = gone_down = 0
+        sample: list[tuple] = []
+        for frame in request.received.batches():
+            # A key received twice: its newest version is what must be stored (at least).
+            received = (frame.sort_values(version).drop_duplicates(subset=[key], keep="last")
+                        .set_index(key)[version])
+            ids = list(received.index)
+            compared += len(ids)
+            for start in range(0, len(ids), VERSION_BATCH):
+                batch = ids[start:start + VERSION_BATCH]
+                stored = request.connection.execute(
+                    select(table.c[key], table.c[version]).where(table.c[key].in_(batch)))
+                lower = [(row[0], row[1], int(received[row[0]])) for row in stored
+                         if row[1] < int(received[row[0]])]
+                gone_down += len(lower)
+                sample += lower[:SAMPLE_ROWS - len(sample)]
+        metadata = {"keys_compared": MetadataValue.int(compared),
+                    "versions_gone_down": MetadataValue.int(gone_down)}
+        if not gone_down:
             return CheckResult(True, f"no {key} of the load is stored with an older {version} "
                                      "than the one received", metadata)
         return CheckResult(
-            False, f"{len(lower)} {key}(s) are stored with an older {version} than the load "
+            False, f"{gone_down} {key}(s) are stored with an older {version} than the load "
                    "received",
             {**metadata, "sample": MetadataValue.md(markdown_table(
-                [key, f"stored {version}", f"received {version}"], lower[:SAMPLE_ROWS]))})
+                [key, f"stored {version}", f"received {version}"], sample))})
 
     return PartitionCheck(
         VERSION_NEVER_GOES_DOWN,

@@ -27,7 +27,9 @@ A source that has not published a partition yet makes it "not available yet": no
 loaded, the partition stays unmaterialised, and a later run picks it up.
 """
 
+import bisect
 import contextlib
+import dataclasses
 import hashlib
 import time
 from collections.abc import Iterator
@@ -93,7 +95,9 @@ from mostovik_pipelines.etl.spec import (
     ExtractRequest,
     LoadedPartition,
     PageCursor,
+    ParsedRows,
     PartitionNotAvailable,
+    ReceivedRows,
     RejectedRow,
     SourceSpec,
     TransformRequest,
@@ -179,20 +183,31 @@ class LandedPages:
 
 
 @dataclass(frozen=True)
-class TransformedPage:
-    number: int
+class TransformedPageGroup:
+    """Consecutive pages validated together, to be committed in one transaction with the
+    checkpoint at ``last_page`` (:attr:`.SourceSpec.rows_per_commit`)."""
+
+    first_page: int
+    last_page: int
     frame_path: str
-    """The page's validated rows, kept next to its landed payload (memory holds one page)."""
+    """The group's validated rows, kept next to the landed pages (memory holds one group)."""
     rows: int
     rejected: tuple[RejectedRow, ...]
     duplicates_dropped: int
-    landed: LandedPayload
+    next_cursor: dict | None
+    """Where the page after the group starts; None: the group ends the partition."""
 
 
 @dataclass(frozen=True)
 class TransformedPages:
-    pages: tuple[TransformedPage, ...]
+    groups: tuple[TransformedPageGroup, ...]
     resumed_after_page: int
+    pages: int
+    payload_bytes: int
+    content_hash: str
+    """The digest of the partition's pages' hashes, in page order."""
+    fetched_at: datetime | None
+    """When the first page was fetched."""
 
 
 @dataclass(frozen=True)
@@ -390,7 +405,7 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
             spec.name, key, raw.content, content_type=raw.content_type, origin=raw.origin,
             fetched_at=datetime.now(UTC), run_id=context.run_id, page=number,
             cursor=asdict(cursor) if cursor else None,
-            next_cursor=asdict(raw.next_cursor) if raw.next_cursor else None,
+            next_cursor=asdict(raw.next_cursor) if raw.next_cursor else None, durable=False,
         ))
         if raw.next_cursor is None:
             return LandedPages(tuple(pages), resumed_after)
@@ -433,25 +448,97 @@ def _transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str
 
 def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
                      landed: LandedPages) -> TransformedPages | PartitionFailure:
+    """Parse every landed page and validate them in groups of ``rows_per_commit`` rows, each
+    group's rows kept on disk for the load: memory holds one group, never the window. Rows are
+    numbered by their place among the items this run received for the window; a quarantined
+    row's reason names its page."""
     landing = getattr(context.resources, LANDING_KEY)
-    pages = []
-    for page in landed.pages:
+    groups: list[TransformedPageGroup] = []
+    group = _PageGroup()
+    received = 0
+    digest = hashlib.sha256()
+    for position, page in enumerate(landed.pages, 1):
+        number = page.page or position
         try:
             parsed = spec.transform(TransformRequest(
                 source=spec.name, partition_key=key, content=landing.read(page),
                 content_type=page.content_type, fetched_at=page.fetched_at,
                 cursor=_cursor(page.cursor),
             ))
-            validated = validate_partition(parsed, spec.load_target, key,
+        except Exception as exc:
+            return _fail_or_set_aside(
+                context, StepContext(spec.name, key, f"transform (page {number})"), NO_RETRY,
+                exc, len(context.partition_keys) > 1)
+        received = group.add(number, parsed, received)
+        digest.update(page.content_hash.encode())
+        if group.rows < spec.rows_per_commit and position < len(landed.pages):
+            continue
+        pages = f"pages {group.first_page}-{number}" if group.first_page != number else (
+            f"page {number}")
+        try:
+            validated = validate_partition(group.parsed(), spec.load_target, key,
                                            spec.max_rejected_share)
         except Exception as exc:
             return _fail_or_set_aside(
-                context, StepContext(spec.name, key, f"transform (page {page.page})"), NO_RETRY,
-                exc, len(context.partition_keys) > 1)
-        path = landing.keep_frame(page, validated.frame)
-        pages.append(TransformedPage(page.page or 0, path, len(validated.frame),
-                                     validated.rejected, validated.duplicates_dropped, page))
-    return TransformedPages(tuple(pages), landed.resumed_after_page)
+                context, StepContext(spec.name, key, f"transform ({pages})"), NO_RETRY, exc,
+                len(context.partition_keys) > 1)
+        groups.append(TransformedPageGroup(
+            group.first_page, number, landing.keep_frame(page, validated.frame),
+            len(validated.frame), group.on_their_pages(validated.rejected),
+            validated.duplicates_dropped, page.next_cursor))
+        group = _PageGroup()
+    if any(g.rejected for g in groups):
+        first = next(r for g in groups for r in g.rejected)
+        context.log.warning(
+            f"{spec.name} [{key}]: {sum(len(g.rejected) for g in groups)} rows rejected to "
+            f"quarantine, first: row {first.row_number}: {first.reason}")
+    return TransformedPages(
+        tuple(groups), landed.resumed_after_page, len(landed.pages),
+        sum(page.size_bytes for page in landed.pages), digest.hexdigest(),
+        landed.pages[0].fetched_at if landed.pages else None)
+
+
+@dataclass
+class _PageGroup:
+    """Pages parsed, not yet validated: their frames, row numbers and rejected rows."""
+
+    first_page: int = 0
+    rows: int = 0
+    frames: list = field(default_factory=list)
+    numbers: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+    starts: list = field(default_factory=list)
+    """(first row number, page number) of each page, to tell which page a row came from."""
+
+    def add(self, page: int, parsed, received: int) -> int:
+        """Take a parsed page whose rows are numbered from ``received`` + 1; returns the
+        numbering's next start."""
+        parsed = parsed if isinstance(parsed, ParsedRows) else ParsedRows(parsed)
+        local = (list(parsed.row_numbers) if parsed.row_numbers is not None
+                 else list(range(1, len(parsed.frame) + 1)))
+        self.first_page = self.first_page or page
+        self.rows += len(parsed.frame)
+        self.frames.append(parsed.frame)
+        self.numbers += [received + n for n in local]
+        self.rejected += [dataclasses.replace(r, row_number=received + r.row_number)
+                          for r in parsed.rejected]
+        self.starts.append((received + 1, page))
+        return received + max(len(parsed.frame) + len(parsed.rejected), *local,
+                              *(r.row_number for r in parsed.rejected), 0)
+
+    def parsed(self) -> ParsedRows:
+        frame = (pd.concat(self.frames, ignore_index=True) if len(self.frames) > 1
+                 else self.frames[0].reset_index(drop=True))
+        return ParsedRows(frame, self.rejected, self.numbers)
+
+    def on_their_pages(self, rejected: tuple[RejectedRow, ...]) -> tuple[RejectedRow, ...]:
+        firsts = [start for start, _ in self.starts]
+
+        def page_of(row: RejectedRow) -> int:
+            return self.starts[max(bisect.bisect_right(firsts, row.row_number) - 1, 0)][1]
+
+        return tuple(dataclasses.replace(row, reason=f"page {page_of(row)}: {row.reason}")
+                     for row in rejected)
 
 
 def _kept_rows(spec: SourceSpec, rejected: tuple[RejectedRow, ...]) -> KeptRows | None:
@@ -580,13 +667,15 @@ class PartitionLoad:
     """What loading one partition did, for its materialisation and its checks."""
 
     figures: dict
-    received: pd.DataFrame
+    received: ReceivedRows
     """Natural key (and version) of every row loaded."""
     received_rows: int
     """Rows the source sent, quarantined ones included."""
     payload_bytes: int
     content_hash: str
     sample: pd.DataFrame
+    scratch: tuple[str, ...] = ()
+    """Kept frames (paged partitions) to discard once the partition is checked."""
 
 
 def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: AssetKey,
@@ -643,6 +732,8 @@ def _load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: A
             loaded_values, context.instance) if evaluation.check_name in checked]
         for evaluation in evaluations:
             context.log_event(evaluation)
+        for path in loaded.scratch:
+            getattr(context.resources, LANDING_KEY).discard_frame(path)
         blocked = [e for e in evaluations if blocks(e)]
         if blocked:
             failed.append(_fail_or_set_aside(
@@ -707,7 +798,7 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
             "dagster/row_count": len(outcome.frame), "table": spec.table.name,
             "fetched_at": outcome.landed.fetched_at.isoformat(),
         },
-        received=outcome.frame[_received_columns(spec)],
+        received=ReceivedRows.of(outcome.frame[_received_columns(spec)]),
         received_rows=len(outcome.frame) + len(outcome.rejected),
         payload_bytes=outcome.landed.size_bytes,
         content_hash=outcome.landed.content_hash,
@@ -740,53 +831,52 @@ def _held_elsewhere(frame: pd.DataFrame, row_numbers: tuple[int, ...] | None,
 
 def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
                 outcome: TransformedPages) -> PartitionLoad:
-    """Each page in a transaction of its own, with the partition's progress checkpoint: the
-    checkpoint never runs ahead of the rows it vouches for."""
+    """Each group of pages in a transaction of its own, with the partition's progress
+    checkpoint at the group's last page: the checkpoint never runs ahead of the rows it vouches
+    for."""
     landing = getattr(context.resources, LANDING_KEY)
     progress = committed_progress(engine, spec.name, key)
     done = (progress.pages_committed
             if progress is not None and progress.run_id == context.run_id else 0)
     totals: dict[str, int] = {}
     rows = rejected = 0
-    received, samples = [], []
-    for page in outcome.pages:
-        rows += page.rows
-        rejected += len(page.rejected)
-        if page.number <= done:
+    sample = None
+    for group in outcome.groups:
+        rows += group.rows
+        rejected += len(group.rejected)
+        if group.last_page <= done:
             continue  # committed by this run before its load step was retried
-        frame = landing.read_frame(page.frame_path)
-        received.append(frame[_received_columns(spec)])
-        if not samples:
-            samples.append(frame.head(PREVIEW_ROWS))
-        next_cursor = _cursor(page.landed.next_cursor)
+        frame = landing.read_frame(group.frame_path)
+        if sample is None:
+            sample = frame.head(PREVIEW_ROWS)
 
-        def commit_progress(connection, counts: LoadCounts, page=page, next_cursor=next_cursor):
-            replace_quarantine(connection, spec.name, key, context.run_id, page.rejected,
-                               append=page.number > 1)
-            save_progress(connection, spec.name, key, page.number, next_cursor, context.run_id)
+        def commit_progress(connection, counts: LoadCounts, group=group) -> None:
+            replace_quarantine(connection, spec.name, key, context.run_id, group.rejected,
+                               append=group.first_page > 1)
+            save_progress(connection, spec.name, key, group.last_page,
+                          _cursor(group.next_cursor), context.run_id)
 
         counts = load_partition(engine, spec.load_target, frame, key, context.run_id,
                                 within_transaction=commit_progress, whole_partition=False)
+        del frame
         for name, n in counts.as_dict(merge=True).items():
             totals[name] = totals.get(name, 0) + n
-        landing.discard_frame(page.frame_path)
-    first = outcome.pages[0].landed if outcome.pages else None
     columns = _received_columns(spec)
+    paths = tuple(group.frame_path for group in outcome.groups)
     return PartitionLoad(
         figures={
             **{name: totals.get(name, 0) for name in LoadCounts.figures(merge=True)},
-            "rejected": rejected, "pages": len(outcome.pages),
+            "rejected": rejected, "pages": outcome.pages,
             "resumed_after_page": outcome.resumed_after_page,
             "dagster/row_count": rows, "table": spec.table.name,
-            "fetched_at": first.fetched_at.isoformat() if first else "",
+            "fetched_at": outcome.fetched_at.isoformat() if outcome.fetched_at else "",
         },
-        received=pd.concat(received) if received else pd.DataFrame(columns=columns),
+        received=ReceivedRows(lambda: (landing.read_frame(path, columns) for path in paths)),
         received_rows=rows + rejected,
-        payload_bytes=sum(page.landed.size_bytes for page in outcome.pages),
-        # The window's pages in order, as one digest.
-        content_hash=hashlib.sha256("".join(
-            page.landed.content_hash for page in outcome.pages).encode()).hexdigest(),
-        sample=samples[0] if samples else pd.DataFrame(columns=spec.load_target.columns),
+        payload_bytes=outcome.payload_bytes,
+        content_hash=outcome.content_hash,
+        sample=sample if sample is not None else pd.DataFrame(columns=spec.load_target.columns),
+        scratch=paths,
     )
 
 

@@ -6,10 +6,14 @@ Layout under ``base_dir``::
     <source>/<partition>/blobs/<sha256>.bin          content, stored once per distinct hash
     <source>/<partition>/fetches/<fetched_at>-<hash12>.json   one record per fetch
     <source>/<partition>/fetches/<fetched_at>-<hash12>-<run>-p<page>.json   a page's fetch
-    <source>/<partition>/frames/<run>-p<page>.pickle   a page's validated rows, until loaded
+    <source>/<partition>/frames/<run>-p<page>.pickle   a group of pages' validated rows, until
+                                                       the load step is done with them
 
 Writes are atomic (temporary file, then rename), so a process killed mid-write leaves no torn
-file behind. In a distributed deployment ``base_dir`` is a path every worker can reach.
+file behind. A whole payload is also flushed to disk (``fsync``) before it counts as landed; a
+page of a sync is not (``durable=False``): a page is cheap to fetch again, the sync's progress
+lives in the warehouse, and a thousand pages would otherwise spend more time in ``fsync`` than
+in HTTP. In a distributed deployment ``base_dir`` is a path every worker can reach.
 """
 
 from __future__ import annotations
@@ -59,14 +63,15 @@ class LandingStoreResource(ConfigurableResource):
     def land(
         self, source: str, partition_key: str, content: bytes, *, content_type: str,
         origin: str, fetched_at: datetime, run_id: str = "", page: int | None = None,
-        cursor: dict | None = None, next_cursor: dict | None = None,
+        cursor: dict | None = None, next_cursor: dict | None = None, durable: bool = True,
     ) -> LandedPayload:
-        """Keep ``content`` and record the fetch; identical content is stored once."""
+        """Keep ``content`` and record the fetch; identical content is stored once.
+        ``durable=False`` skips flushing it to disk (a sync's page)."""
         content_hash = hashlib.sha256(content).hexdigest()
         folder = self._partition_dir(source, partition_key)
         blob = folder / "blobs" / f"{content_hash}.bin"
         if not blob.exists():
-            _write_atomically(blob, content)
+            _write_atomically(blob, content, durable)
         payload = LandedPayload(
             source=source, partition_key=partition_key, content_hash=content_hash,
             content_type=content_type, fetched_at=fetched_at, size_bytes=len(content),
@@ -77,7 +82,8 @@ class LandingStoreResource(ConfigurableResource):
         if page is not None:
             name += f"-{run_id}-p{page:07d}"
         record = folder / "fetches" / f"{name}.json"
-        _write_atomically(record, json.dumps(asdict(payload), default=str, indent=1).encode())
+        _write_atomically(record, json.dumps(asdict(payload), default=str, indent=1).encode(),
+                          durable)
         return payload
 
     def read(self, payload: LandedPayload) -> bytes:
@@ -102,15 +108,18 @@ class LandingStoreResource(ConfigurableResource):
         return sorted(pages, key=lambda landed: landed.page or 0)
 
     def keep_frame(self, page: LandedPayload, frame) -> str:
-        """Keep a landed page's validated rows (a pandas frame) beside it until its load
-        commits, so that a paged partition is never held in memory whole."""
+        """Keep the validated rows of a group of pages ending with ``page`` (a pandas frame)
+        beside them until the load step is done, so that a paged partition is never held in
+        memory whole. Scratch, not history: not flushed to disk."""
         path = (Path(page.blob_path).parent.parent / "frames"
                 / f"{page.run_id}-p{page.page or 0:07d}.pickle")
-        _write_atomically(path, pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL))
+        _write_atomically(path, pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL),
+                          durable=False)
         return str(path)
 
-    def read_frame(self, path: str):
-        return pickle.loads(Path(path).read_bytes())
+    def read_frame(self, path: str, columns: list[str] | None = None):
+        frame = pickle.loads(Path(path).read_bytes())
+        return frame if columns is None else frame[columns]
 
     def discard_frame(self, path: str) -> None:
         Path(path).unlink(missing_ok=True)
@@ -140,14 +149,15 @@ def _record(path: Path) -> LandedPayload:
     return LandedPayload(**record)
 
 
-def _write_atomically(path: Path, content: bytes) -> None:
+def _write_atomically(path: Path, content: bytes, durable: bool = True) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

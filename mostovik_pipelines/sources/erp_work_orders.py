@@ -47,6 +47,8 @@ from mostovik_pipelines.warehouse.types import ExactDecimal
 URL_SETTING = "MOSTOVIK_ERP_URL"
 WORK_ORDERS_PATH = "api/v1/work-orders"
 PAGE_SIZE = int(setting("MOSTOVIK_ERP_PAGE_SIZE", "100"))
+ROWS_PER_COMMIT = int(setting("MOSTOVIK_ERP_ROWS_PER_COMMIT", "5000"))
+"""Work orders per transaction (50 pages of 100): a crash re-fetches at most that many."""
 TIMEZONE = ZoneInfo(erp_work_orders_daily_partition.timezone)
 STATUSES = ("planned", "in_progress", "done", "cancelled")
 FIELDS = ("id", "object_code", "title", "status", "planned_start", "planned_finish", "amount",
@@ -115,7 +117,7 @@ def transform(request: TransformRequest) -> ParsedRows:
     """The page's items as rows; an item that cannot be read is rejected with the reason."""
     items = _page(request.content)["items"]
     after = _sort_key_of((request.cursor.resume_after if request.cursor else None) or {})
-    rows, rejected = [], []
+    rows, rejected, numbers = [], [], []
     for position, item in enumerate(items, 1):
         try:
             row = _row(item)
@@ -129,9 +131,10 @@ def transform(request: TransformRequest) -> ParsedRows:
         if after and (row["updated_at"], row["id"]) <= after:
             continue  # a narrowed window repeats what was already received
         rows.append(row)
+        numbers.append(position)
     frame = pd.DataFrame(rows, columns=[*FIELDS, "window_date"])
     frame["window_date"] = date.fromisoformat(request.partition_key)
-    return ParsedRows(frame, rejected)
+    return ParsedRows(frame, rejected, numbers)
 
 
 def _page(content: bytes) -> dict:
@@ -203,6 +206,7 @@ SOURCE = SourceSpec(
     # A record updated again later moves to the window of its newer change.
     key_held_elsewhere=KeyHeldElsewhere.MOVE,
     paged=True,
+    rows_per_commit=ROWS_PER_COMMIT,
     extract=extract,
     transform=transform,
     url_setting=URL_SETTING,

@@ -166,9 +166,9 @@ def test_a_sync_resumes_after_its_last_committed_page_and_ends_exact(
     interruption, tmp_path, pg_warehouse_url, standin_server, erp, monkeypatch
 ):
     day = "2026-11-05"
-    erp.set_erp_volume(day, 2000)  # 20 pages of 100
+    erp.set_erp_volume(day, 2000)  # 20 pages of 100, committed two at a time
     env = {**run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url),
-           "MOSTOVIK_ERP_URL": standin_server.erp_url}
+           "MOSTOVIK_ERP_URL": standin_server.erp_url, "MOSTOVIK_ERP_ROWS_PER_COMMIT": "200"}
     erp.forget_requests()
     if interruption == "kill":
         process = _start_sync(day, env, tmp_path)
