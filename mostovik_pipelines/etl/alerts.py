@@ -7,8 +7,10 @@
   ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
   alert, built from the job view of :mod:`.tracking` (source, period, the classified error),
   unless the daemon's run retries will run it again (its retry alerts if it fails too); a run
-  that died without writing its ``mostovik/status`` gets ``failed``, so the UI's run list
-  filters it with the others.
+  that died without writing its final ``mostovik/status`` (it still says ``running``, or the
+  status its parent ended with) gets ``failed``, so the UI's run list filters it with the
+  others. ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert:
+  someone chose it).
 * ``freshness_alerts``: the daemon evaluates every source's ``FreshnessPolicy`` and records each
   change of state; this sensor alerts once each time a source turns FAIL (stale) and again only
   after it has been fresh in between.
@@ -22,12 +24,15 @@ from datetime import UTC, datetime
 
 from dagster import (
     AssetKey,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunFailureSensorContext,
+    RunStatusSensorContext,
     SensorDefinition,
     SensorEvaluationContext,
     SkipReason,
     run_failure_sensor,
+    run_status_sensor,
     sensor,
 )
 from dagster._core.definitions.freshness import (
@@ -49,7 +54,25 @@ WILL_RETRY_TAG = "dagster/will_retry"
 
 
 def alert_sensors(sources: Sequence[SourceSpec]) -> list[SensorDefinition]:
-    return [_run_failure_alerts(sources), _freshness_alerts(sources)]
+    return [_run_failure_alerts(sources), _freshness_alerts(sources), _cancelled_runs_status()]
+
+
+def _cancelled_runs_status() -> SensorDefinition:
+    @run_status_sensor(
+        name="cancelled_runs_status",
+        description="A cancelled run of this code location is a failed job: its mostovik/status "
+                    "tag says so in the run list (no alert: an operator chose it).",
+        run_status=DagsterRunStatus.CANCELED,
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=ALERT_INTERVAL_SECONDS,
+        monitor_all_code_locations=False,
+    )
+    def cancelled_runs_status(context: RunStatusSensorContext) -> None:
+        run = context.dagster_run
+        if run.tags.get(STATUS_TAG) not in (None, JobStatus.FAILED.value):
+            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+
+    return cancelled_runs_status
 
 
 def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
@@ -69,7 +92,7 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
             # a run of its own, alerts if it fails too.
             context.log.info(f"run {run.run_id} failed and will be retried: no alert yet")
             return
-        if STATUS_TAG not in run.tags:
+        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
             context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
         job = load_job(context.instance, run.run_id, sources)
         error = job.errors[0] if job.errors else None

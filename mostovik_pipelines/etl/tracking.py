@@ -170,15 +170,19 @@ class Job:
 
 def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
     """As each step starts: tag the run with its business job tags if it lacks them (a UI asset
-    backfill run gets them here), and report the step's host, process, executor and Celery task
-    as an engine event of the step, on the run page where they are read, not in the run list.
-    """
+    backfill run gets them here) and as running (its final status replaces that), and report
+    the step's host, process, executor and Celery task as an engine event of the step, on the
+    run page where they are read, not in the run list."""
     from dagster._core.events import EngineEventData
 
     from mostovik_pipelines.execution import current_celery_task_id
 
     run_tags = context.run.tags
     missing = {k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v}
+    if run_tags.get(STATUS_TAG) != JobStatus.RUNNING.value:
+        # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the
+        # parent's final status among them: the run list must not show it as this run's.
+        missing[STATUS_TAG] = JobStatus.RUNNING.value
     if missing:
         context.instance.add_run_tags(context.run_id, missing)
     process = {STEP_HOST: socket.gethostname(), STEP_PID: str(os.getpid()),

@@ -155,6 +155,37 @@ def test_the_run_writes_its_adr_status_as_a_tag_and_lists_read_it(
     assert listed == tags
 
 
+def test_a_run_started_with_its_parents_status_shows_its_own(cbr_job, run_storage, standin):
+    """A re-execution (the UI's, a daemon run retry) starts with its parent's tags: while it
+    runs, the run list must not show the parent's final status as its own (if it then dies, it
+    would stay "completed")."""
+    import threading
+
+    standin.fault("hang", seconds=3, match="date_req=06/11/2026")
+    seen: list[str | None] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            runs = run_storage.get_runs(limit=1)
+            if runs and runs[0].status is DagsterRunStatus.STARTED:
+                seen.append(runs[0].tags.get("mostovik/status"))
+            done.wait(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = cbr_job.execute_in_process(partition_key="2026-11-06", instance=run_storage,
+                                            raise_on_error=False,
+                                            tags={"mostovik/status": "failed"})
+    finally:
+        done.set()
+        watcher.join()
+    assert result.success
+    assert "running" in seen and "failed" not in seen[seen.index("running"):], seen
+    assert run_storage.get_run_by_id(result.run_id).tags["mostovik/status"] == "completed"
+
+
 def test_a_single_partition_run_stopped_for_a_concurrent_run_is_partial(
     warehouse_url, standin_server, standin, tmp_path, cbr_source, run_storage
 ):
