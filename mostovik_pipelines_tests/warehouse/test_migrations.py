@@ -49,3 +49,24 @@ def test_the_ledger_migration_goes_down_and_up_again(warehouse_url):
     assert inspect(engine).has_table("partition_loads")
     engine.dispose()
     assert migrate.current_revision(warehouse_url) == migrate.head_revision()
+
+
+def test_a_migration_makes_every_next_load_compare_the_stored_rows(warehouse_url):
+    """A migration may change stored values without the loader: the digests the ledger keeps
+    are forgotten by any upgrade or downgrade that changes the schema's revision."""
+    from datetime import UTC, datetime
+
+    from mostovik_pipelines.etl.load_ledger import record_load
+
+    engine = create_engine(warehouse_url)
+    with engine.begin() as connection:
+        record_load(connection, "cbr_daily_rates", "2026-11-05", 43, "d" * 64, "run-1",
+                    datetime.now(UTC))
+    digests = "SELECT content_digest FROM partition_loads"
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql(digests).scalars().all() == ["d" * 64]
+    migrate.downgrade(warehouse_url, "0006")
+    migrate.upgrade(warehouse_url)
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql(digests).scalars().all() == [None]
+    engine.dispose()

@@ -1,38 +1,31 @@
-"""Alembic environment: the URL comes from the caller (``mostovik db upgrade``), never a file."""
+"""Alembic environment: the URL comes from the caller (``mostovik db upgrade``), never a file.
+
+Migrations are frozen history, and so is what runs them: nothing of the project is imported
+here (today's sources and helpers must not decide how an old schema is replayed). New
+migrations are written by ``mostovik new-source`` (:mod:`mostovik_pipelines.warehouse.freeze`),
+not by autogenerate against this environment.
+"""
 
 from alembic import context
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
-import mostovik_pipelines.etl.quarantine  # registers the quarantine table
-import mostovik_pipelines.sources  # noqa: F401 - registers every source's table
-from mostovik_pipelines.etl.load_ledger import forget_digests
-from mostovik_pipelines.warehouse.freeze import frozen_type
-from mostovik_pipelines.warehouse.schema import metadata, partition_loads
-from mostovik_pipelines.warehouse.types import ExactDecimal
-
-
-def render_item(kind, item, autogen_context):
-    """Autogenerate writes an exact decimal as plain SQLAlchemy: migrations import nothing of
-    the project."""
-    if kind == "type" and isinstance(item, ExactDecimal):
-        return frozen_type(item)
-    return False
-
+PARTITION_LOADS = "partition_loads"
+FORGET_DIGESTS = text(
+    f"UPDATE {PARTITION_LOADS} SET content_digest = NULL WHERE content_digest IS NOT NULL")
+"""A migration may have changed stored values without the loader: no partition's digest
+describes its rows for sure any more (mostovik_pipelines.etl.load_ledger), so every next load
+compares the stored rows."""
 
 database_url = context.config.attributes["database_url"]
 engine = create_engine(database_url)
 with engine.connect() as connection:
-    context.configure(connection=connection, target_metadata=metadata,
-                      render_as_batch=connection.dialect.name == "sqlite",
-                      render_item=render_item)
+    context.configure(connection=connection, target_metadata=None,
+                      render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
         before = context.get_context().get_current_revision()
         context.run_migrations()
-        if context.get_context().get_current_revision() != before and inspect(
-            connection
-        ).has_table(partition_loads.name):
-            # A migration may have changed stored values without the loader: no partition's
-            # digest describes its rows for sure any more (mostovik_pipelines.etl.load_ledger).
-            forget_digests(connection)
+        if (context.get_context().get_current_revision() != before
+                and inspect(connection).has_table(PARTITION_LOADS)):
+            connection.execute(FORGET_DIGESTS)
     connection.commit()
 engine.dispose()
