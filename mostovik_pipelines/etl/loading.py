@@ -69,12 +69,14 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Table,
+    func,
+    select,
     text,
 )
 from sqlalchemy.sql.expression import bindparam
 
 from mostovik_pipelines.etl import loading_sql
-from mostovik_pipelines.etl.errors import ConfigurationError
+from mostovik_pipelines.etl.errors import ConfigurationError, DataValidationError
 from mostovik_pipelines.etl.load_ledger import (
     LastLoad,
     PostgresqlLoad,
@@ -228,6 +230,7 @@ def load_partition(
         previous = last_load(connection, table_name, scope)
         if whole_partition:
             _refuse_older_payload(previous, fetched_at, target, partition_key)
+            _refuse_emptying(connection, target, frame, partition_key, kept)
         if connection.dialect.name == "postgresql":
             session = begin_postgresql_load(
                 connection, table_name, run_id,
@@ -260,6 +263,23 @@ def load_partition(
         if within_transaction is not None:
             within_transaction(connection, counts)
     return counts
+
+
+def _refuse_emptying(connection: Connection, target: LoadTarget, frame: pd.DataFrame,
+                     partition_key: str, kept: KeptRows | None) -> None:
+    """A payload of no rows (legitimate for a source that declares ``empty_payload_is_valid``:
+    a holiday) never empties a partition that holds rows: a source that published rows and now
+    answers with none is more likely broken for a moment than withdrawing what it published."""
+    if target.mode is not LoadMode.REPLACE_PARTITION or len(frame) or kept is not None:
+        return
+    column = target.table.c[target.partition_column]
+    stored = connection.execute(select(func.count()).select_from(target.table).where(
+        column == target.partition_value(partition_key))).scalar_one()
+    if stored:
+        raise DataValidationError(
+            f"{target.table.name} [{partition_key}]: the source sent no rows for a partition "
+            f"that holds {stored}; nothing deleted. If it really withdrew them, delete them "
+            "in the warehouse and run the partition again")
 
 
 def _refuse_older_payload(previous: LastLoad | None, fetched_at: datetime | None,

@@ -18,7 +18,11 @@ from mostovik_pipelines.sources.cbr_metal_prices import SOURCE, parse_metal_pric
 from mostovik_pipelines.standin.cbr_metal_prices import CbrMetalsStandin
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.processes import local_dagster_home
-from mostovik_pipelines_tests.support.runs import load_metadata, run_partition
+from mostovik_pipelines_tests.support.runs import (
+    load_metadata,
+    run_partition,
+    step_failure_message,
+)
 from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
 
 TABLE = "cbr_metal_prices"
@@ -89,6 +93,21 @@ def test_a_day_without_records_completes_with_nothing_loaded(job, instance, ware
     figures = load_metadata(instance, result.run_id)
     assert (figures["inserted"], figures["dagster/row_count"]) == (0, 0)
     assert table_rows(warehouse_url, TABLE) == []
+
+
+def test_an_empty_answer_for_a_day_with_stored_prices_deletes_nothing(
+        job, instance, warehouse_url, standin):
+    """A day without records is legitimate (a holiday), but the CBR answering with none for a
+    day whose prices it published is a glitch, not a withdrawal: the run fails naming the day
+    and the stored prices stay."""
+    assert run_partition(job, WEDNESDAY.isoformat(), instance).success
+    before = physical_snapshot(warehouse_url, TABLE, order_by=ORDER)
+    standin.serve_bytes(CbrMetalsStandin().document(SATURDAY, SATURDAY), route="cbr_metals")
+    result = run_partition(job, WEDNESDAY.isoformat(), instance)
+    assert not result.success
+    message = step_failure_message(instance, result.run_id)
+    assert "cbr_metal_prices [2026-11-04]" in message and "holds 4" in message, message
+    assert physical_snapshot(warehouse_url, TABLE, order_by=ORDER) == before
 
 
 def test_a_day_not_published_yet_waits_for_a_later_run(job, instance, warehouse_url, standin):
