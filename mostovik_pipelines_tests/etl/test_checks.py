@@ -55,6 +55,12 @@ def test_a_loaded_partition_has_every_check_passed_and_metadata_to_plot(
     evaluations = _evaluations(instance, result.run_id)
     assert set(evaluations) == {(name, PARTITION) for name in CBR_CHECKS}
     assert all(e.passed for e in evaluations.values()), evaluations
+    # Each result names the materialisation it checked, this run's (a private Dagster type,
+    # AssetCheckEvaluationTargetMaterializationData: what makes the UI count it as current).
+    [materialization] = instance.get_records_for_run(
+        result.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    assert {(e.target_materialization_data.run_id, e.target_materialization_data.storage_id)
+            for e in evaluations.values()} == {(result.run_id, materialization.storage_id)}
     metadata = load_metadata(instance, result.run_id)
     assert metadata["dagster/row_count"] == 12 and metadata["inserted"] == 12
     assert metadata["duration_seconds"] > 0
