@@ -28,7 +28,7 @@ def receiver() -> Iterator[WebhookReceiver]:
 
 def _turn(instance: DagsterInstance, state: FreshnessState, previous: FreshnessState) -> None:
     """What the daemon's freshness evaluation records when a source's state changes."""
-    instance._report_runless_asset_event(FreshnessStateChange(  # noqa: SLF001 - the daemon's way
+    instance._report_runless_asset_event(FreshnessStateChange(
         key=AssetKey(STALE), new_state=state, previous_state=previous,
         state_change_timestamp=time.time()))
 
