@@ -58,10 +58,11 @@ def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_
 
     tests = [f"mostovik_pipelines_tests/sources/test_{name}.py" for name in KINDS]
     contract = "mostovik_pipelines_tests/test_source_contract.py"
+    bad_input = "mostovik_pipelines_tests/test_bad_input.py"  # the scaffolded corpus cases
     selected = " or ".join(KINDS)
     tested = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
-                   f"{contract}::test_every_source_honours_the_whole_contract", "-k", selected],
-                  copy, timeout=600)
+                   f"{contract}::test_every_source_honours_the_whole_contract", bad_input,
+                   "-k", selected], copy, timeout=600)
     assert tested.returncode == 0, tested.stdout[-5000:]
     assert " passed" in tested.stdout and "failed" not in tested.stdout
 

@@ -102,6 +102,9 @@ WARM_RETRY = RetryPolicy(max_attempts=5, base_delay_seconds=0.05, max_delay_seco
 LEFT_STARTED_SHARE = 0.2
 """Killed runs left "started" in run storage, as nothing records a killed `dagster job
 execute`; the rest are recorded as failed, as run monitoring does for daemon-launched runs."""
+ROWS_PER_COMMIT = 250
+"""Windows of 300-2,000 records commit in groups of three pages (the last may be smaller), so
+a kill finds committed groups to resume after and a group is never a page."""
 KILL_POINTS = {"committed": 5, "extract": 2, "load_start": 1, "random": 2}
 """Kill points and their weights: a kill after k committed pages leaves a checkpoint to resume."""
 SETTLE_ATTEMPTS = 4
@@ -815,10 +818,11 @@ def sync_workspace(postgres: ThrowawayPostgres, standin_server: StandinServer,
     """The workspace of the ERP source, wired to the stand-in; CLI runs reach it through
     ``MOSTOVIK_ERP_URL``."""
     source = dataclasses.replace(erp_work_orders.SOURCE, extract_retry=WARM_RETRY,
-                                 load_retry=WARM_RETRY)
+                                 load_retry=WARM_RETRY, rows_per_commit=ROWS_PER_COMMIT)
     resource = HttpSourceResource(base_url=standin_server.erp_url, timeout_seconds=10.0)
     environment = {"MOSTOVIK_ERP_URL": standin_server.erp_url,
-                   "MOSTOVIK_ERP_TIMEOUT_SECONDS": "10"}
+                   "MOSTOVIK_ERP_TIMEOUT_SECONDS": "10",
+                   "MOSTOVIK_ERP_ROWS_PER_COMMIT": str(ROWS_PER_COMMIT)}
     return Workspace(postgres, source, lambda _root: (resource, environment),
                      template=template, keep=keep)
 
