@@ -84,7 +84,8 @@ def test_a_sync_payload_sending_a_record_twice_keeps_its_newest_version():
             _work_order("C", 2), _work_order("C", 2, "другое")]
     result = validate_partition(ParsedRows(pd.DataFrame(rows), row_numbers=[11, 12, 13, 14, 15]),
                                 WORK_ORDERS.load_target, DAY.isoformat(), 0.9)
-    assert list(zip(result.frame["id"], result.frame["version"])) == [("B", 1), ("A", 5)]
+    assert list(zip(result.frame["id"], result.frame["version"], strict=True)) == [
+        ("B", 1), ("A", 5)]
     assert result.duplicates_dropped == 1
     # The same version with different data is still a conflict: both rows go to quarantine,
     # numbered as the payload numbers them.
