@@ -144,24 +144,58 @@ def blocks(evaluation: AssetCheckEvaluation) -> bool:
             and evaluation.severity is AssetCheckSeverity.ERROR)
 
 
-def _stored_lower(connection, table, key: str, version: str, received: pd.Series) -> list[tuple]:
-    """(key, stored version, received version) of the received keys stored with an older
-    version. On PostgreSQL the batch goes as two arrays in one statement; elsewhere as a list
-    of keys, compared here."""
-    if connection.dialect.name == "postgresql":
-        key_type = table.c[key].type.compile(dialect=connection.dialect)
-        version_type = table.c[version].type.compile(dialect=connection.dialect)
-        quote = connection.dialect.identifier_preparer.quote
-        rows = connection.execute(text(
-            f"SELECT r.k, t.{quote(version)}, r.v FROM unnest(CAST(:keys AS {key_type}[]), "
-            f"CAST(:versions AS {version_type}[])) AS r(k, v) JOIN {quote(table.name)} t "
-            f"ON t.{quote(key)} = r.k WHERE t.{quote(version)} < r.v"),
-            {"keys": list(received.index), "versions": [int(v) for v in received]})
-        return [tuple(row) for row in rows]
-    stored = connection.execute(
-        select(table.c[key], table.c[version]).where(table.c[key].in_(list(received.index))))
-    return [(row[0], row[1], int(received[row[0]])) for row in stored
-            if row[1] < int(received[row[0]])]
+def _newest_received(frame: pd.DataFrame, key: str, version: str) -> pd.Series:
+    """Key -> the newest version received for it in the batch."""
+    return (frame.sort_values(version).drop_duplicates(subset=[key], keep="last")
+            .set_index(key)[version])
+
+
+def _compare_versions(request: CheckRequest, key: str, version: str
+                      ) -> tuple[int, int, list[tuple]]:
+    """(keys compared, keys stored lower, a sample of (key, stored, received)): the received
+    keys are looked up a batch at a time."""
+    table, compared, gone_down, sample = request.table, 0, 0, []
+    for frame in request.received.batches():
+        received = _newest_received(frame, key, version)
+        compared += len(received)
+        for start in range(0, len(received), VERSION_BATCH):
+            batch = received.iloc[start:start + VERSION_BATCH]
+            stored = request.connection.execute(select(table.c[key], table.c[version]).where(
+                table.c[key].in_(list(batch.index))))
+            lower = [(row[0], row[1], int(batch[row[0]])) for row in stored
+                     if row[1] < int(batch[row[0]])]
+            gone_down += len(lower)
+            sample += lower[:SAMPLE_ROWS - len(sample)]
+    return compared, gone_down, sample
+
+
+def _compare_versions_postgresql(request: CheckRequest, key: str, version: str
+                                 ) -> tuple[int, int, list[tuple]]:
+    """The same on PostgreSQL: the received versions are copied into a temporary table a
+    batch at a time and compared in one join (a join per batch hashed the whole table each
+    time: 2 s for a window of 100,000)."""
+    connection, table = request.connection, request.table
+    quote = connection.dialect.identifier_preparer.quote
+    key_type = table.c[key].type.compile(dialect=connection.dialect)
+    version_type = table.c[version].type.compile(dialect=connection.dialect)
+    cursor = connection.connection.driver_connection.cursor()
+    cursor.execute(f"CREATE TEMPORARY TABLE received_versions (k {key_type}, v {version_type}) "
+                   "ON COMMIT DROP")
+    compared = 0
+    with cursor.copy("COPY received_versions (k, v) FROM STDIN") as copy:
+        for frame in request.received.batches():
+            received = _newest_received(frame, key, version)
+            compared += len(received)
+            for row in zip(received.index, received.astype("int64"), strict=True):
+                copy.write_row(row)
+    lower = (f"SELECT r.k, t.{quote(version)} AS stored, max(r.v) AS received "
+             f"FROM received_versions r JOIN {quote(table.name)} t ON t.{quote(key)} = r.k "
+             f"GROUP BY r.k, t.{quote(version)} HAVING t.{quote(version)} < max(r.v)")
+    gone_down = connection.execute(text(f"SELECT count(*) FROM ({lower}) AS lower")).scalar_one()
+    sample = [tuple(row) for row in connection.execute(text(
+        f"{lower} ORDER BY r.k LIMIT {SAMPLE_ROWS}"))] if gone_down else []
+    connection.exec_driver_sql("DROP TABLE received_versions")
+    return compared, gone_down, sample
 
 
 # --- the framework's checks -------------------------------------------------------------------
@@ -260,19 +294,9 @@ def _version_never_goes_down(spec: SourceSpec) -> PartitionCheck:
     assert len(spec.natural_key) == 1 and version is not None
 
     def evaluate(request: CheckRequest) -> CheckResult:
-        table = request.table
-        compared = gone_down = 0
-        sample: list[tuple] = []
-        for frame in request.received.batches():
-            # A key received twice: its newest version is what must be stored (at least).
-            received = (frame.sort_values(version).drop_duplicates(subset=[key], keep="last")
-                        .set_index(key)[version])
-            compared += len(received)
-            for start in range(0, len(received), VERSION_BATCH):
-                batch = received.iloc[start:start + VERSION_BATCH]
-                lower = _stored_lower(request.connection, table, key, version, batch)
-                gone_down += len(lower)
-                sample += lower[:SAMPLE_ROWS - len(sample)]
+        compare = (_compare_versions_postgresql if request.connection.dialect.name ==
+                   "postgresql" else _compare_versions)
+        compared, gone_down, sample = compare(request, key, version)
         metadata = {"keys_compared": MetadataValue.int(compared),
                     "versions_gone_down": MetadataValue.int(gone_down)}
         if not gone_down:

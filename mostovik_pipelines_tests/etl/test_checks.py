@@ -185,12 +185,10 @@ def test_a_quarantine_above_the_threshold_warns_without_blocking(loose_rates):
     assert share.description == "2 of 12 rows quarantined: 16.7%, above the source's 10%"
 
 
-def test_a_version_stored_lower_than_received_fails_version_never_goes_down(
-    sqlite_warehouse_url
-):
+def test_a_version_stored_lower_than_received_fails_version_never_goes_down(warehouse_url):
     spec = erp_work_orders.SOURCE
     assert "version_never_goes_down" in {check.name for check in partition_checks(spec)}
-    engine = warehouse_engine(sqlite_warehouse_url)
+    engine = warehouse_engine(warehouse_url)
     table = spec.table
     stored = {"object_code": "M-1", "title": "t", "status": "done", "amount": "1",
               "updated_at": pd.Timestamp("2026-11-04T10:00:00Z"), "deleted": False,
@@ -200,7 +198,8 @@ def test_a_version_stored_lower_than_received_fails_version_never_goes_down(
     with engine.begin() as connection:
         connection.execute(insert(table), [{**stored, "id": "A", "version": 5},
                                            {**stored, "id": "B", "version": 9}])
-    received = pd.DataFrame({"id": ["A", "B"], "version": [7, 7]})
+    # A received twice (6, then 7): its newest version is what the table must hold at least.
+    received = pd.DataFrame({"id": ["A", "B", "A"], "version": [6, 7, 7]})
     version = _results(engine, spec, PARTITION, received=received)["version_never_goes_down"]
     assert not version.passed and version.blocking
     assert version.metadata["versions_gone_down"].value == 1
