@@ -37,10 +37,8 @@ def test_after_kills_faults_duplicates_and_resumes_the_synced_windows_equal_the_
 def test_after_kills_duplicates_and_racing_re_uploads_each_file_holds_its_newest_version(
     postgres
 ):
-    # No claims of lines another file holds: a re-load of such a version loses the claimed
-    # rows from its quarantine (a known defect; the long run, with claims, finds it).
     totals = run_file_chaos(postgres, FILE_SEED, SCENARIOS, lines=(15, 40), cli_share=0.1,
-                            claims=False, template=TEMPLATE_DB)
+                            template=TEMPLATE_DB)
     assert totals.scenarios == SCENARIOS
     assert sum(totals.kills.values()) >= 1, "no run was killed"
     assert sum(totals.reupload_races.values()) >= 1, "no re-upload raced a run"

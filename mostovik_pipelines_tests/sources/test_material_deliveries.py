@@ -348,6 +348,14 @@ def test_a_waybill_line_another_file_delivered_is_quarantined_naming_that_file(
     assert claimed.waybill in rejected["reason"]
     assert load_metadata(sensor.instance, result.run_id)["rejected"] == 1
 
+    # Re-processed as it is (from the archive): the line is still held by the first file, so
+    # it is still quarantined; an identical re-load must not lose it from the quarantine.
+    again = sensor.run(later)
+    assert again.success, step_failure_message(sensor.instance, again.run_id)
+    assert [q["reason"] for q in quarantined(pg_warehouse_url, later)] == [rejected["reason"]]
+    assert load_metadata(sensor.instance, again.run_id)["rejected"] == 1
+    assert physical_rows(pg_warehouse_url, "Склад А.csv") == stored
+
 
 def test_quarantined_rows_name_the_row_of_the_file_they_came_from(
     pg_warehouse_url, sensor, inbox
