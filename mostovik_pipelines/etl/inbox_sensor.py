@@ -4,7 +4,8 @@ Each tick lists the inbox (one directory read) and hashes only the files whose s
 modification time changed since the cursor saw them, so a tick over 10,000 waiting files opens
 none of them. A new version (``<name>@<hash>``) is added as a dynamic partition, checked against
 the partitions that exist in one query, and gets a run keyed by its content hash: the same bytes
-are never processed twice by the sensor, a new version always is. The partitions are added
+are never processed twice in a row by the sensor, a new version always is (so is an older
+version dropped again after a newer one loaded: a revert). The partitions are added
 before the runs are submitted, in the same tick; a tick that fails advances no cursor, so the
 next one asks again and Dagster's run-key check keeps that from running anything twice. After a
 cursor reset every file is hashed once more and the run keys again keep the work from repeating.
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AddDynamicPartitionsRequest,
+    AssetKey,
+    AssetRecordsFilter,
     DefaultSensorStatus,
     RunRequest,
     SensorEvaluationContext,
@@ -27,7 +30,7 @@ from dagster import (
     sensor,
 )
 
-from mostovik_pipelines.resources.inbox import InboxResource, version_key
+from mostovik_pipelines.resources.inbox import InboxResource, file_name_of, version_key
 
 if TYPE_CHECKING:
     from mostovik_pipelines.etl.spec import SourceSpec
@@ -68,12 +71,36 @@ def new_file_versions_sensor(spec: SourceSpec, job: Any, resource_key: str):
         missing = sorted(key for key in new_versions if key not in existing)
         if new_versions:
             context.log.info(f"{len(new_versions)} new file version(s): {sorted(new_versions)}")
+        run_keys = {key: _run_key(context, spec, key, content_hash, existing)
+                    for key, content_hash in new_versions.items()}
         return SensorResult(
-            run_requests=[RunRequest(partition_key=key, run_key=content_hash)
-                          for key, content_hash in sorted(new_versions.items())],
+            run_requests=[RunRequest(partition_key=key, run_key=run_keys[key])
+                          for key in sorted(new_versions)],
             dynamic_partitions_requests=[AddDynamicPartitionsRequest(partitions_name, missing)]
             if missing else [],
             cursor=json.dumps(now_seen, separators=(",", ":")),
         )
 
     return new_file_versions
+
+
+def _run_key(context: SensorEvaluationContext, spec: SourceSpec, key: str, content_hash: str,
+             existing: set[str]) -> str:
+    """The content hash, so the same bytes are not processed again, unless they are a version
+    of the file loaded before and dropped again after a newer one was loaded (a revert): then
+    the newest load of the file is part of the key, and the revert runs once. (A version that
+    never loaded, a failed file, keeps its key: it runs again only on purpose.)"""
+    if key not in existing:
+        return content_hash
+    name = file_name_of(key)
+    versions = [other for other in existing if file_name_of(other) == name]
+    asset_key = AssetKey(spec.name)
+    newest = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=asset_key, asset_partitions=versions),
+        limit=1, ascending=False).records
+    if not newest or newest[0].partition_key == key or not (
+            context.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1).records):
+        return content_hash
+    context.log.info(f"{key}: dropped again after {newest[0].partition_key} was loaded")
+    return f"{content_hash}:after:{newest[0].storage_id}"

@@ -41,9 +41,8 @@ twice), and nothing ever leaves the archive.
 
 ``--reverts`` adds one more drop: the bytes of an older version of a file dropped again as its
 newest. The sensor keys runs by content hash, so that upload is never run (a known defect).
-``--no-claims`` leaves out the lines claimed from other files: a re-load of a version with such
-a line (a re-run, a duplicate, an operator's run after a kill) empties its quarantine (a known
-defect; the short run in ``test_chaos_sync_and_files.py`` leaves claims out until it is fixed).
+``--no-claims`` leaves out the lines claimed from other files (a re-load of a version with such
+a line used to empty its quarantine, until loads that leave rows out stopped recording a digest).
 
 ``python -m mostovik_pipelines_tests.chaos.file_scenarios --scenarios 50 --seed N`` runs it at
 length on its own PostgreSQL and prints the summary.

@@ -5,6 +5,7 @@ where it is cheap); the parser alone is tested in ``test_material_deliveries_for
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
@@ -216,6 +217,19 @@ def test_a_corrected_version_replaces_exactly_that_files_rows(
     assert list(inbox.iterdir()) == []
     assert {p.name for p in archive.iterdir() if not p.name.endswith(".json")} == {
         version_of("Объект 1.csv", _csv(other_lines)), first, second}
+
+    # The site takes the correction back: the first bytes dropped again are the file's newest
+    # upload, so they run once more (under a run key of their own), and the file holds them.
+    assert drop(inbox, "Объект 2.csv", _csv(first_lines)) == first
+    [revert] = sensor.tick().run_requests
+    assert revert.partition_key == first
+    assert revert.run_key != hashlib.sha256(_csv(first_lines)).hexdigest()
+    sensor.cursor = None  # a reset cursor asks again under the same key: the daemon runs it once
+    assert [r.run_key for r in sensor.tick().run_requests] == [revert.run_key]
+    assert sensor.run(first).success
+    assert exact(delivery_rows(warehouse_url, "Объект 2.csv")) == exact(sorted_rows(
+        expected_table(first_lines, "Объект 2.csv", first)))
+    assert list(inbox.iterdir()) == []
 
 
 def test_a_file_with_three_bad_rows_among_a_hundred_loads_97_and_is_partial(
