@@ -13,7 +13,10 @@ strict UTF-8, else as windows-1251: cp1251 Cyrillic is almost never valid UTF-8,
 decodes nearly any byte, so that order cannot mistake one for the other. The delimiter is the one
 of ``;`` (Excel's choice where the decimal separator is a comma), tab and ``,`` under which a row
 of the first ten holds the header; ties go in that order. Rows a spreadsheet shows as empty are
-not rows. XLSX: the first worksheet in workbook order is read (a report is one table; other
+not rows. The rows below the header are split by Arrow's CSV reader when it splits them exactly as
+Python's ``csv`` does (every record as wide as the header, no blank line), else by ``csv``; either
+way each distinct cell of a column is read once, and rows with a problem again for their reasons.
+XLSX: the first worksheet in workbook order is read (a report is one table; other
 sheets are notes or lookups); cells are read as values cached by Excel, never evaluated, and a
 workbook that could be a zip bomb, links outside itself or carries macros is refused unread.
 """
@@ -23,19 +26,25 @@ from __future__ import annotations
 import codecs
 import contextlib
 import csv
+import gc
 import io
 import json
 import re
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 import python_calamine
 from dagster import BackfillPolicy
 from sqlalchemy import Column, Date, Index, Integer, String
@@ -112,6 +121,9 @@ THOUSANDS_SEPARATORS = str.maketrans("", "", " \u00a0\u202f\u2009")
 # or an encoding we do not read.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
+_CONTROL_BYTES = bytes(0 if CONTROL_CHARACTER.fullmatch(chr(byte)) else 1 for byte in range(256))
+"""Each byte's mark: 0 for the control characters of :data:`CONTROL_CHARACTER`."""
+
 Cell = Any  # str from CSV; str, float, int, bool, date, datetime, time or timedelta from XLSX
 
 
@@ -137,42 +149,223 @@ def parse_delivery_report(content: bytes, file_name: str, file_version: str,
         raise DataValidationError(
             f"{file_name}: {len(content):,} bytes is over the limit of {max_bytes:,} bytes"
         )
-    sheet = _read_sheet(content, file_name, max_bytes)
+    with _collector_paused():
+        return _parse(content, file_name, file_version, max_bytes)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The parse makes millions of small objects (every cell, every typed value) and no
+    reference cycle: Python's cyclic collector would walk them over and over while they pile up
+    (half of the parse's time for 100,000 rows), and would find nothing to free."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse(content: bytes, file_name: str, file_version: str, max_bytes: int) -> ParsedRows:
+    source = _read_sheet(content, file_name, max_bytes)
+    if isinstance(source, _CsvTable):
+        return _parse_table(source, file_name, file_version)
+    return _parse_sheet(source, file_name, file_version)
+
+
+def _plan(positions: dict[str, int], date_1904: bool
+          ) -> list[tuple[str, str, int, Callable[[Cell], Any]]]:
+    """(header, column, position in a row, reader) for each column of the report."""
+    readers = {**_READERS, "delivery_date": partial(_delivery_date, date_1904=date_1904)}
+    return [(name, column, positions[column], readers[column]) for name, column in HEADERS.items()]
+
+
+def _parse_sheet(sheet: _Sheet, file_name: str, file_version: str) -> ParsedRows:
+    """The rows of a sheet read row by row (XLSX, and CSV that needs Python's ``csv``), typed a
+    column at a time: each distinct cell of a column is read once (a report repeats dates, sites,
+    materials, units and suppliers on every row); only rows with a problem are read again, cell
+    by cell, for their reason."""
     header_at, positions = _locate_header(sheet, file_name)
     data_rows = sheet.rows[header_at + 1:]
     if not data_rows:
         raise SourceContractError(f"{file_name}: no data rows below the header ({sheet.described})")
-    readers = {**_READERS, "delivery_date": partial(_delivery_date, date_1904=sheet.date_1904)}
-    plan = [(name, column, positions[column], readers[column])
-            for name, column in HEADERS.items()]
+    plan = _plan(positions, sheet.date_1904)
     header_width = len(sheet.rows[header_at][1])
-    records, rejected, numbers = [], [], []
-    for row_number, cells in data_rows:
-        values, problems = _parse_row(cells, plan)
-        if sheet.strict_width and not _is_empty(cells[header_width:]):
-            problems.append(
-                f"has {len(cells)} cells where the header has {header_width}: a delimiter "
-                f"inside an unquoted cell?"
-            )
-        if problems:
-            rejected.append(RejectedRow(
-                row_number=row_number,
-                raw=json.dumps(cells, ensure_ascii=False, default=_json_cell),
-                reason="; ".join(problems),
-                key=_readable_key(values, file_name),
-            ))
-        else:
-            records.append((*values.values(), file_name, file_version))
-            numbers.append(row_number)
-    frame = pd.DataFrame.from_records(records, columns=_RECORD_COLUMNS)[list(COLUMNS)]
-    frame["line_no"] = frame["line_no"].astype("int64")
-    return ParsedRows(frame, rejected, numbers)
+    numbers = [number for number, _ in data_rows]
+    rows = [cells for _, cells in data_rows]
+    shortest = min(map(len, rows))
+    values: dict[str, list[Any]] = {}
+    failed: set[int] = set()
+    for _, column, position, read in plan:
+        values[column], unreadable = _read_column(_column(rows, position, shortest), read)
+        failed.update(unreadable)
+    if sheet.strict_width:
+        failed.update(index for index, cells in enumerate(rows)
+                      if len(cells) > header_width and not _is_empty(cells[header_width:]))
+    rejected = [_rejected(rows[index], numbers[index], plan, file_name,
+                          header_width if sheet.strict_width else None)
+                for index in sorted(failed)]
+    if failed:
+        kept = [index for index in range(len(rows)) if index not in failed]
+        numbers = [numbers[index] for index in kept]
+        values = {column: [column_values[index] for index in kept]
+                  for column, column_values in values.items()}
+    values["line_no"] = np.asarray(values["line_no"], dtype=np.int64)
+    return ParsedRows(_frame(values, len(numbers), file_name, file_version), rejected, numbers)
 
 
-_RECORD_COLUMNS = [*HEADERS.values(), "source_file", "file_version"]
+def _parse_table(table: _CsvTable, file_name: str, file_version: str) -> ParsedRows:
+    """The rows of a CSV that Arrow split into columns: every column dictionary-encoded, each
+    distinct cell read once by the same readers, rows with a problem read again cell by cell."""
+    columns = [column.combine_chunks().dictionary_encode() for column in table.rows.columns]
+    codes = [column.indices.to_numpy() for column in columns]
+    distinct = [column.dictionary.to_pylist() for column in columns]
+    # Rows of nothing but spaces are not rows. The columns of fewest distinct cells first: once
+    # every row has a filled cell (a date, say), the others need not be looked at.
+    blank = np.ones(table.rows.num_rows, dtype=bool)
+    for position in sorted(range(len(columns)), key=lambda position: len(distinct[position])):
+        if not blank.any():
+            break
+        filled = np.array([bool(text.strip()) for text in distinct[position]], dtype=bool)
+        blank &= ~filled[codes[position]]
+    present = np.flatnonzero(~blank)
+    if not len(present):
+        raise SourceContractError(f"{file_name}: no data rows below the header ({table.described})")
+    numbers = table.first_row_number + present
+    plan = _plan(table.positions, date_1904=False)
+    failed = np.zeros(len(present), dtype=bool)
+    read_columns = {}
+    for _, column, position, read in plan:
+        typed = _read_distinct(distinct[position], read, texts=True)
+        column_codes = codes[position][present]
+        failed |= np.array([value is _UNREADABLE for value in typed], dtype=bool)[column_codes]
+        read_columns[column] = (typed, column_codes)
+    rejected = [_rejected([texts[column_codes[row]] for texts, column_codes
+                           in zip(distinct, codes, strict=True)],
+                          int(numbers[index]), plan, file_name, None)
+                for index, row in zip(np.flatnonzero(failed), present[failed], strict=True)]
+    kept = np.flatnonzero(~failed)
+    values = {column: _taken(column, typed, column_codes[kept])
+              for column, (typed, column_codes) in read_columns.items()}
+    return ParsedRows(_frame(values, len(kept), file_name, file_version), rejected,
+                      numbers[kept].tolist())
 
 
-def _read_sheet(content: bytes, file_name: str, max_bytes: int) -> _Sheet:
+_TEXT_COLUMNS = frozenset({"object_code", "waybill", "material", "unit", "supplier"})
+_TEXT = pd.StringDtype("pyarrow", na_value=np.nan)
+"""pandas' ``str``: what a column of Python strings becomes in a frame."""
+
+
+def _taken(column: str, typed: list[Any], codes: np.ndarray) -> Any:
+    """The column's value at each code (an index into ``typed``, the distinct cells read)."""
+    typed = [None if value is _UNREADABLE else value for value in typed]
+    if column in _TEXT_COLUMNS:
+        return pd.array(pa.array(typed, pa.string()).take(codes), dtype=_TEXT)
+    if column == "line_no":
+        return np.array([value or 0 for value in typed], dtype=np.int64)[codes]
+    objects = np.empty(len(typed), dtype=object)
+    objects[:] = typed
+    return objects[codes]
+
+
+def _frame(values: dict[str, Any], count: int, file_name: str, file_version: str
+           ) -> pd.DataFrame:
+    if not count:  # every row rejected: untyped columns, as a frame of no records has
+        return pd.DataFrame(columns=list(COLUMNS)).astype({"line_no": "int64"})
+    every_row = np.zeros(count, dtype=np.int32)
+    return pd.DataFrame({
+        **values,
+        "source_file": pd.array(pa.array([file_name]).take(every_row), dtype=_TEXT),
+        "file_version": pd.array(pa.array([file_version]).take(every_row), dtype=_TEXT),
+    }, columns=list(COLUMNS))
+
+
+def _rejected(cells: list[Cell], row_number: int,
+              plan: Sequence[tuple[str, str, int, Callable[[Cell], Any]]], file_name: str,
+              header_width: int | None) -> RejectedRow:
+    """A row that cannot be loaded, with every reason; ``header_width`` if a filled cell right of
+    the header is a reason too (CSV)."""
+    values, problems = _parse_row(cells, plan)
+    if header_width is not None and not _is_empty(cells[header_width:]):
+        problems.append(
+            f"has {len(cells)} cells where the header has {header_width}: a delimiter "
+            f"inside an unquoted cell?"
+        )
+    return RejectedRow(
+        row_number=row_number,
+        raw=json.dumps(cells, ensure_ascii=False, default=_json_cell),
+        reason="; ".join(problems),
+        key=_readable_key(values, file_name),
+    )
+
+
+def _column(rows: list[list[Cell]], position: int, shortest: int) -> list[Cell]:
+    """The column's cells, an empty text where a row ends before it."""
+    if position < shortest:
+        return list(map(itemgetter(position), rows))
+    return [cells[position] if position < len(cells) else "" for cells in rows]
+
+
+def _read_column(cells: list[Cell], read: Callable[[Cell], Any]) -> tuple[list[Any], list[int]]:
+    """Each cell read, ``None`` where it cannot be, and the positions where it cannot. Distinct
+    cells are read once; cells count as the same only if they are of the same type (``1``,
+    ``1.0`` and ``True`` are equal keys of a dict, and read differently)."""
+    keys: list[Any] = (cells if set(map(type, cells)) == {str}
+                       else list(zip(map(type, cells), cells, strict=True)))
+    distinct = dict.fromkeys(keys)
+    cells_read = _read_distinct(list(distinct) if keys is cells
+                                else [cell for _, cell in distinct], read, texts=keys is cells)
+    distinct.update(zip(distinct, cells_read, strict=True))
+    typed = list(map(distinct.__getitem__, keys))
+    if not any(value is _UNREADABLE for value in cells_read):
+        return typed, []
+    unreadable = [index for index, value in enumerate(typed) if value is _UNREADABLE]
+    for index in unreadable:
+        typed[index] = None
+    return typed, unreadable
+
+
+_UNREADABLE = object()
+
+
+def _read_distinct(cells: list[Cell], read: Callable[[Cell], Any], *, texts: bool = False
+                   ) -> list[Any]:
+    """Each cell read (:data:`_UNREADABLE` where the reader refuses it); ``texts``: the cells
+    are known to be ``str``."""
+    if read is _amount and (texts or set(map(type, cells)) == {str}):
+        return _amounts(cells)
+    return [_read_or_fail(read, cell) for cell in cells]
+
+
+# The plain form of an amount (ASCII digits, thousands grouped by one of the separators or not,
+# a decimal comma or point, nothing around): a subset of what NUMBER accepts, which Arrow's regex
+# engine checks for a whole column at once.
+PLAIN_AMOUNT = r"^(?:[0-9]{1,3}(?:[ \x{00a0}\x{202f}\x{2009}][0-9]{3})+|[0-9]+)(?:[.,][0-9]+)?$"
+
+
+def _amounts(texts: list[str]) -> list[Any]:
+    """:func:`_amount` of each text: the plain ones checked and cleaned by column, the rest
+    (spaces around, a minus, other digits, not a number) read one by one."""
+    column = pa.array(texts, pa.string())
+    plain = pc.match_substring_regex(column, PLAIN_AMOUNT).to_numpy(zero_copy_only=False)
+    digits = pc.replace_substring(
+        pc.replace_substring_regex(column, r"[ \x{00a0}\x{202f}\x{2009}]", ""), ",", "."
+    ).to_pylist()
+    if plain.all():
+        return list(map(Decimal, digits))
+    return [Decimal(number) if is_plain else _read_or_fail(_amount, text)
+            for text, number, is_plain in zip(texts, digits, plain, strict=True)]
+
+
+def _read_or_fail(read: Callable[[Cell], Any], cell: Cell) -> Any:
+    try:
+        return read(cell)
+    except ValueError:
+        return _UNREADABLE
+
+
+def _read_sheet(content: bytes, file_name: str, max_bytes: int) -> _Sheet | _CsvTable:
     if content.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return _read_xlsx(content, file_name, max_bytes)
     if content.startswith(b"%PDF-"):
@@ -188,15 +381,77 @@ def _read_sheet(content: bytes, file_name: str, max_bytes: int) -> _Sheet:
 # CSV
 
 
-def _read_csv(content: bytes, file_name: str) -> _Sheet:
+def _read_csv(content: bytes, file_name: str) -> _Sheet | _CsvTable:
     text, encoding = _decode(content, file_name)
     if not text.strip():
         raise SourceContractError(f"{file_name}: the file is empty, no data rows")
     # Only the first rows are parsed per delimiter; the chosen one then reads the whole file.
-    best = max(CSV_DELIMITERS, key=lambda d: _header_score(_csv_rows(text, d, file_name,
-                                                                     HEADER_SEARCH_ROWS)))
-    return _Sheet(_csv_rows(text, best, file_name),
-                  f"read as {encoding}, {_DELIMITER_NAMES[best]}", strict_width=True)
+    heads = {delimiter: _csv_rows(text, delimiter, file_name, HEADER_SEARCH_ROWS)
+             for delimiter in CSV_DELIMITERS}
+    best = max(CSV_DELIMITERS, key=lambda delimiter: _header_score(heads[delimiter]))
+    described = f"read as {encoding}, {_DELIMITER_NAMES[best]}"
+    table = _csv_table(text, best, heads[best], described, file_name)
+    if table is not None:
+        return table
+    return _Sheet(_csv_rows(text, best, file_name), described, strict_width=True)
+
+
+@dataclass(frozen=True)
+class _CsvTable:
+    """A CSV report's rows below its header as Arrow split them: text columns, one per cell of
+    the header row."""
+
+    rows: pa.Table
+    first_row_number: int
+    """The number (as :func:`_csv_rows` numbers them) of the table's first row."""
+    positions: dict[str, int]
+    described: str
+
+
+def _csv_table(text: str, delimiter: str, head: list[tuple[int, list[Cell]]], described: str,
+               file_name: str) -> _CsvTable | None:
+    """The rows below the header split by Arrow's CSV reader (in C++, ten times Python's
+    ``csv``), or None when it could split them differently from :func:`_csv_rows`, which then
+    reads the file. Arrow splits as ``csv`` does (quotes, doubled quotes, newlines in quoted
+    cells, ``\r``, ``\n`` or ``\r\n`` between records) when every record is as wide as the
+    header and no line below it is blank (``csv`` numbers a blank line, Arrow skips it); it
+    refuses rows of another width itself, and cells longer than ``csv`` accepts are refused
+    here."""
+    try:
+        header_at, positions = _locate_header(_Sheet(head, described), file_name)
+    except SourceContractError:
+        return None  # reading the whole file row by row says what is wrong, in its own order
+    header_number, header = head[header_at]
+    lines = _Lines(text)
+    reader = csv.reader(lines, delimiter=delimiter)
+    for _ in range(header_number):
+        next(reader)
+    below = text[lines.taken:]
+    lines = below.rstrip("\r\n")
+    if not lines or lines.startswith(("\r", "\n")) or any(
+            blank in lines for blank in ("\n\n", "\n\r", "\r\r")):
+        return None
+    names = [str(position) for position in range(len(header))]
+    try:
+        encoded = below.encode()
+    except UnicodeEncodeError:  # a lone surrogate: Python's csv reads it, Arrow would not
+        return None
+    try:
+        rows = pa_csv.read_csv(
+            pa.BufferReader(encoded),
+            read_options=pa_csv.ReadOptions(column_names=names, use_threads=False),
+            parse_options=pa_csv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
+                                              ignore_empty_lines=True),
+            convert_options=pa_csv.ConvertOptions(
+                column_types=dict.fromkeys(names, pa.string()), null_values=[],
+                strings_can_be_null=False, quoted_strings_can_be_null=False),
+        )
+    except pa.ArrowInvalid:
+        return None
+    limit = csv.field_size_limit()
+    if any((pc.max(pc.utf8_length(column)).as_py() or 0) > limit for column in rows.columns):
+        return None
+    return _CsvTable(rows, header_number + 1, positions, described)
 
 
 _DELIMITER_NAMES = {";": "';'-delimited", "\t": "tab-delimited", ",": "','-delimited"}
@@ -214,7 +469,11 @@ def _decode(content: bytes, file_name: str) -> tuple[str, str]:
             text = data.decode(encoding)
         except UnicodeDecodeError:
             continue
-        control = CONTROL_CHARACTER.search(text)
+        # In UTF-8 and windows-1251 a control character is its own byte: looking for the byte
+        # is quicker than the regex over the text, which then says where.
+        control = (CONTROL_CHARACTER.search(text)
+                   if encoding == "utf-16" or data.translate(_CONTROL_BYTES).find(0) >= 0
+                   else None)
         if control:
             raise SourceContractError(
                 f"{file_name}: not CSV text: binary data or an unreadable encoding (character "
@@ -228,15 +487,37 @@ def _decode(content: bytes, file_name: str) -> tuple[str, str]:
     )
 
 
+class _Lines:
+    """The text's lines as ``io.StringIO(text, newline="")`` hands them to ``csv.reader`` (each
+    ending at ``\r\n``, ``\r`` or ``\n``, kept), without copying the text; ``taken``: the
+    characters handed out so far."""
+
+    LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+")
+
+    def __init__(self, text: str) -> None:
+        self._matches = self.LINE.finditer(text)
+        self.taken = 0
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._matches)
+        self.taken = line.end()
+        return line.group()
+
+
 def _csv_rows(text: str, delimiter: str, file_name: str,
               limit: int | None = None) -> list[tuple[int, list[Cell]]]:
     """Non-empty records numbered as a spreadsheet numbers them: blank lines count, a quoted
     cell spanning lines does not."""
     rows: list[tuple[int, list[Cell]]] = []
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    # A few rows are read from the text's lines in place (a StringIO would copy the whole text).
+    lines = io.StringIO(text, newline="") if limit is None else _Lines(text)
+    reader = csv.reader(lines, delimiter=delimiter)
     try:
         for number, cells in enumerate(reader, 1):
-            if any(cell.strip() for cell in cells):
+            if "".join(cells).strip():  # a cell with more than spaces in it
                 rows.append((number, cells))
                 if limit is not None and len(rows) >= limit:
                     break
