@@ -311,11 +311,12 @@ def _read_column(cells: list[Cell], read: Callable[[Cell], Any]) -> tuple[list[A
     """Each cell read, ``None`` where it cannot be, and the positions where it cannot. Distinct
     cells are read once; cells count as the same only if they are of the same type (``1``,
     ``1.0`` and ``True`` are equal keys of a dict, and read differently)."""
-    keys: list[Any] = (cells if set(map(type, cells)) == {str}
+    types = set(map(type, cells))
+    keys: list[Any] = (cells if len(types) == 1
                        else list(zip(map(type, cells), cells, strict=True)))
     distinct = dict.fromkeys(keys)
     cells_read = _read_distinct(list(distinct) if keys is cells
-                                else [cell for _, cell in distinct], read, texts=keys is cells)
+                                else [cell for _, cell in distinct], read, texts=types == {str})
     distinct.update(zip(distinct, cells_read, strict=True))
     typed = list(map(distinct.__getitem__, keys))
     if not any(value is _UNREADABLE for value in cells_read):
@@ -672,7 +673,10 @@ def _locate_header(sheet: _Sheet, file_name: str) -> tuple[int, dict[str, int]]:
 
 
 def _is_empty(cells: Iterable[Cell]) -> bool:
-    return all(cell is None or (isinstance(cell, str) and not cell.strip()) for cell in cells)
+    for cell in cells:  # a loop, not all(...): called for every row of a sheet
+        if cell is not None and not (isinstance(cell, str) and not cell.strip()):
+            return False
+    return True
 
 
 def _parse_row(cells: list[Cell], plan: Sequence[tuple[str, str, int, Callable[[Cell], Any]]],
