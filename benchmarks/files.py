@@ -7,7 +7,9 @@ pandas path a user would write, and the inbox sensor's tick over a full inbox.
   sensor does), adding that dynamic partition and ``material_deliveries_job.execute_in_process``
   for it on the production instance (``deploy/dagster.yaml``: run and event storage in
   PostgreSQL) against a migrated warehouse: extract reads and lands the bytes, transform parses
-  them (``parse_delivery_report``), load commits them, and the file moves to the archive;
+  them (``parse_delivery_report``), load commits them, and the file moves to the archive; the
+  table is then checked: every row, and the amounts exactly as the report wrote them (their
+  exact sums and the sum of their scales: ``1,500`` stored as ``1.500``);
 * ours, re-processing: the same partition run again (the file read back from the archive, the
   rows identical to the stored ones);
 * naive: ``pandas.read_csv(sep=";", decimal=",", thousands=" ", encoding="cp1251")`` or
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +123,8 @@ def measure_files(server, work_dir: Path, rows: int, files: int, repeat: int, lo
     data_dir.mkdir(parents=True)
     log(f"writing a {rows:,}-row CSV and XLSX report and {files:,} small reports for the "
         "sensor (openpyxl writes the XLSX: this takes a while)")
-    _run("generate", {"rows": rows, "dir": str(data_dir), "files": files,
-                      "inbox": str(inbox_files)}, {})
+    written = _run("generate", {"rows": rows, "dir": str(data_dir), "files": files,
+                                "inbox": str(inbox_files)}, {})["amounts"]
     reports = {fmt: data_dir / name for fmt, name in REPORTS.items()}
     (root / "instance").mkdir()
     _, dagster_env = production_instance(server, "files_dagster", root / "instance")
@@ -147,7 +150,7 @@ def measure_files(server, work_dir: Path, rows: int, files: int, repeat: int, lo
                 log(f"  ours, {fmt}: first load, then re-processing")
                 first = _run("ours", {**args, "stage": "first"}, dagster_env)
                 figures.ours[fmt].add(first)
-                _check_ours(db, first, rows, fmt)
+                _check_ours(db, first, rows, fmt, written[fmt])
                 figures.steps.setdefault(fmt, {})
                 for step, seconds in first["steps"].items():
                     figures.steps[fmt].setdefault(step, []).append(seconds)
@@ -266,12 +269,38 @@ def _forget_everything(db) -> None:
     db.execute("DELETE FROM quarantined_rows WHERE source = %s", (TABLE,))
 
 
-def _check_ours(db, result: dict[str, Any], rows: int, fmt: str) -> None:
+def _check_ours(db, result: dict[str, Any], rows: int, fmt: str,
+                written: dict[str, str | int]) -> None:
+    """Every row is in the table, and its amounts exactly as the report wrote them: their exact
+    sums and the sum of their scales (``1.500`` is stored as ``1.500``, not ``1.5``)."""
     found = db.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]
     counts = result["counts"]
     if found != rows or counts.get("inserted") != rows or result["rows"] != rows:
         raise RuntimeError(f"ours ({fmt}) left {found} rows of {rows}; counts {counts}, "
                            f"row count {result['rows']}")
+    stored = dict(zip(AMOUNT_FIGURES, db.execute(
+        f"SELECT sum(quantity)::text, sum(price)::text, sum(scale(quantity)), "
+        f"sum(scale(price)) FROM {TABLE}").fetchone(), strict=True))
+    if stored != written:
+        raise RuntimeError(f"ours ({fmt}) stored amounts {stored}, the report wrote {written}")
+
+
+AMOUNT_FIGURES = ("quantity_sum", "price_sum", "quantity_scales", "price_scales")
+
+
+def _amounts_written(amounts: list[tuple[Decimal, Decimal]]) -> dict[str, str | int]:
+    """The figures :func:`_check_ours` compares, for the (quantity, price) of every row."""
+    quantities, prices = zip(*amounts, strict=True)
+    return dict(zip(AMOUNT_FIGURES, (
+        str(sum(quantities)), str(sum(prices)),
+        sum(-q.as_tuple().exponent for q in quantities),
+        sum(-p.as_tuple().exponent for p in prices)), strict=True))
+
+
+def _as_cell(amount: Decimal) -> Decimal:
+    """The amount an XLSX numeric cell holds: a double, read back as its shortest decimal."""
+    number = float(amount)
+    return Decimal(int(number)) if number.is_integer() else Decimal(repr(number))
 
 
 def _check_naive(db, rows: int, case: str) -> None:
@@ -309,6 +338,12 @@ def generate(args: dict[str, Any]) -> dict[str, Any]:
     out = Path(args["dir"])
     (out / REPORTS["csv"]).write_bytes(reports.benchmark_csv(args["rows"]))
     (out / REPORTS["xlsx"]).write_bytes(reports.benchmark_xlsx(args["rows"]))
+    lines = reports.benchmark_lines(args["rows"])
+    amounts = {  # the CSV writes each amount with its scale, the XLSX as a number cell
+        "csv": _amounts_written([(line.quantity, line.price) for line in lines]),
+        "xlsx": _amounts_written([(_as_cell(line.quantity), _as_cell(line.price))
+                                  for line in lines]),
+    }
     inbox = Path(args["inbox"])
     inbox.mkdir(parents=True)
     lines = reports.deliveries(args["files"] * ROWS_PER_INBOX_FILE, seed=7)
@@ -316,7 +351,7 @@ def generate(args: dict[str, Any]) -> dict[str, Any]:
         chunk = lines[index * ROWS_PER_INBOX_FILE:(index + 1) * ROWS_PER_INBOX_FILE]
         (inbox / f"site-{index:05d}.csv").write_bytes(
             reports.csv_report(reports.report_table(chunk), encoding="windows-1251"))
-    return {"rows": args["rows"]}
+    return {"rows": args["rows"], "amounts": amounts}
 
 
 def _location(url: str, work_dir: Path):
