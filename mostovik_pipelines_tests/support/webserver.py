@@ -850,6 +850,16 @@ class DagsterGraphQL:
                                      f"{self.diagnostics()}")
             time.sleep(1)
 
+    def wait_for_more_ticks(self, sensor_name: str, count: int, timeout: float = 60) -> None:
+        """Until the daemon has evaluated the sensor ``count`` more times than so far."""
+        seen = {tick["id"] for tick in self.sensor_ticks(sensor_name)}
+        deadline = time.monotonic() + timeout
+        while len({tick["id"] for tick in self.sensor_ticks(sensor_name)} - seen) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sensor {sensor_name}: fewer than {count} new ticks in "
+                                     f"{timeout:.0f} s\n{self.diagnostics()}")
+            time.sleep(1)
+
     def _repository_selector(self) -> dict[str, str]:
         return {"repositoryLocationName": self.location_name,
                 "repositoryName": self.repository_name}
