@@ -38,7 +38,7 @@ def test_after_kills_duplicates_and_racing_re_uploads_each_file_holds_its_newest
     postgres
 ):
     totals = run_file_chaos(postgres, FILE_SEED, SCENARIOS, lines=(15, 40), cli_share=0.1,
-                            template=TEMPLATE_DB)
+                            reverts=True, template=TEMPLATE_DB)
     assert totals.scenarios == SCENARIOS
     assert sum(totals.kills.values()) >= 1, "no run was killed"
     assert sum(totals.reupload_races.values()) >= 1, "no re-upload raced a run"

@@ -40,7 +40,7 @@ copy of the same bytes dropped again may stay in the inbox: the sensor never req
 twice), and nothing ever leaves the archive.
 
 ``--reverts`` adds one more drop: the bytes of an older version of a file dropped again as its
-newest. The sensor keys runs by content hash, so that upload is never run (a known defect).
+newest (the sensor runs such a revert under a run key of its own).
 ``--no-claims`` leaves out the lines claimed from other files (a re-load of a version with such
 a line used to empty its quarantine, until loads that leave rows out stopped recording a digest).
 
