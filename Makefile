@@ -25,9 +25,11 @@ dev: install
 	env $$($(BIN)/mostovik standin --port 8765 --print-env) \
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
-## The test suite. The tests start the throw-away PostgreSQL and Redis servers they need.
+## The test suite, whole modules spread over TEST_WORKERS processes (each starts the throw-away
+## PostgreSQL and Redis servers its tests need). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: install system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## Debian packages whose servers the tests start; installed with apt when run as root.
 system-deps:

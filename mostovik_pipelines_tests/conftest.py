@@ -20,6 +20,20 @@ from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 TEMPLATE_DB = "mostovik_template"
+LONGEST_FIRST = ("test_chaos.py", "test_webserver.py", "test_chaos_sync_and_files.py",
+                 "test_celery_deployment.py", "test_inbox_daemon.py", "test_security.py",
+                 "test_cli.py", "test_scaffold.py")
+"""Test modules of a minute or more, longest first. ``make test`` spreads whole modules over
+two workers (``-n 2 --dist loadfile``); started first, the long ones do not end up alone at the
+tail while the other worker idles."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every module keeps its own order
 
 
 @pytest.fixture(scope="session")
