@@ -255,8 +255,10 @@ SOURCE = SourceSpec(
         timeout_seconds=float(setting("MOSTOVIK_CBR_TIMEOUT_SECONDS", "30")),
     ),
     # Today's and tomorrow's partitions: tomorrow's appears after ~15:30, today's may be revised.
+    # Tomorrow's partition only: today's was loaded as tomorrow's yesterday, and a reload of
+    # it would make the freshness policy pass while tomorrow's rates are missing.
     schedule=SourceSchedule(cron="0 12,16,20 * * *", timezone="Europe/Moscow",
-                            latest_partitions=2),
+                            latest_partitions=1),
     extract_retry=RetryPolicy(max_attempts=4, base_delay_seconds=2.0, max_delay_seconds=60.0),
     # One unreadable currency of ~40 is quarantined and the rest loaded (a partial job); more
     # than a tenth means the format changed, and nothing is loaded.
