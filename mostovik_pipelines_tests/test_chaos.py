@@ -22,7 +22,7 @@ from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.postgres import dsn_of
 
 SEED = 20261108
-SCENARIOS = 20
+SCENARIOS = 12
 
 
 @pytest.fixture
