@@ -200,6 +200,15 @@ def _element(element: object) -> tuple[str, list[str | _Text]]:
     if not isinstance(element, Column):
         raise MigrationRefused(f"{element!r}: only columns, the natural key and a primary key "
                                "are written; add other constraints to the migration by hand")
+    unwritten = [what for what, present in (
+        ("server_default", element.server_default is not None),
+        ("default", element.default is not None),
+        ("a foreign key", bool(element.foreign_keys)),
+        ("autoincrement", element.autoincrement is True)) if present]
+    if unwritten:
+        raise MigrationRefused(
+            f"column {element.name}: {', '.join(unwritten)} would not be written into the "
+            "migration; declare the column without it, or add it to the migration by hand")
     column_type = "exact" if isinstance(element.type, ExactDecimal) else (
         frozen_type(element.type))
     return "sa.Column", [_literal(element.name), column_type, f"nullable={element.nullable}",
