@@ -29,7 +29,7 @@ dev: install
 ## PostgreSQL and Redis servers its tests need). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: install system-deps
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## Debian packages whose servers the tests start; installed with apt when run as root.
 system-deps:

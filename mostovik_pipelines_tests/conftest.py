@@ -24,8 +24,9 @@ LONGEST_FIRST = ("test_chaos.py", "test_webserver.py", "test_chaos_sync_and_file
                  "test_celery_deployment.py", "test_inbox_daemon.py", "test_security.py",
                  "test_cli.py", "test_scaffold.py")
 """Test modules of a minute or more, longest first. ``make test`` spreads whole modules over
-two workers (``-n 2 --dist loadfile``); started first, the long ones do not end up alone at the
-tail while the other worker idles."""
+two workers in this order (``-n 2 --dist loadfile --no-loadscope-reorder``: xdist would
+otherwise order modules by their number of tests); started first, the long ones do not end up
+alone at the tail while the other worker idles."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
