@@ -23,12 +23,15 @@ database is gone) fails the same way: nothing unchecked passes for checked.
 
 from __future__ import annotations
 
+import io
 import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckSeverity,
@@ -182,12 +185,16 @@ def _compare_versions_postgresql(request: CheckRequest, key: str, version: str
     cursor.execute(f"CREATE TEMPORARY TABLE received_versions (k {key_type}, v {version_type}) "
                    "ON COMMIT DROP")
     compared = 0
-    with cursor.copy("COPY received_versions (k, v) FROM STDIN") as copy:
+    options = pa_csv.WriteOptions(include_header=False, quoting_style="needed")
+    with cursor.copy("COPY received_versions (k, v) FROM STDIN (FORMAT csv)") as copy:
         for frame in request.received.batches():
-            received = _newest_received(frame, key, version)
-            compared += len(received)
-            for row in zip(received.index, received.astype("int64"), strict=True):
-                copy.write_row(row)
+            # Every row as CSV (Arrow writes it; the join below keeps each key's newest).
+            compared += frame[key].nunique()
+            buffer = io.BytesIO()
+            pa_csv.write_csv(pa.table({"k": pa.array(frame[key]),
+                                       "v": pa.array(frame[version], pa.int64())}),
+                             buffer, options)
+            copy.write(buffer.getbuffer())
     lower = (f"SELECT r.k, t.{quote(version)} AS stored, max(r.v) AS received "
              f"FROM received_versions r JOIN {quote(table.name)} t ON t.{quote(key)} = r.k "
              f"GROUP BY r.k, t.{quote(version)} HAVING t.{quote(version)} < max(r.v)")

@@ -340,29 +340,32 @@ def _merge_stage(connection: Connection, target: LoadTarget, stage: Table, stage
     columns = target.columns
     dialect = connection.dialect
     held_elsewhere: tuple[dict, ...] = ()
-    if target.partition_column not in target.natural_key:
-        if target.key_held_elsewhere is KeyHeldElsewhere.REJECT:
-            held_elsewhere = _unstage_keys_held_elsewhere(connection, target, stage)
-        elif _execute_exists(connection, loading_sql.rows_moving_in_from_other_partitions(
-                dialect, target.table, stage, target.natural_key, target.partition_column)):
-            # The update below moves rows out of other partitions: their digests no longer
-            # describe them. (Such a load holds the table's writes lock exclusively: no other
-            # load of the table is in flight to record a digest this check cannot see.)
-            forget_digests(connection, target.table.name)
-    ignored_older = tombstoned = 0
-    if target.mode is LoadMode.MERGE_BY_VERSION and target.version_column:
-        ignored_older = _count(connection, loading_sql.count_older_versions(
-            dialect, target.table, stage, target.natural_key, target.version_column))
-        if target.tombstone_column:
-            tombstoned = _count(connection, loading_sql.count_new_tombstones(
-                dialect, target.table, stage, target.natural_key, target.version_column,
-                target.tombstone_column))
-    updated = _execute(connection, loading_sql.update_changed_rows(
+    moves = target.partition_column not in target.natural_key
+    if moves and target.key_held_elsewhere is KeyHeldElsewhere.REJECT:
+        held_elsewhere = _unstage_keys_held_elsewhere(connection, target, stage)
+        moves = False
+    versioned = target.mode is LoadMode.MERGE_BY_VERSION and target.version_column
+    census = connection.execute(text(loading_sql.census_of_stage(
+        dialect, target.table, stage, target.natural_key,
+        partition_column=target.partition_column if moves else None,
+        version_column=target.version_column if versioned else None,
+        tombstone_column=target.tombstone_column if versioned else None,
+    ))).mappings().one()
+    if moves and census["moving_in"]:
+        # The update below moves rows out of other partitions: their digests no longer
+        # describe them. (Such a load holds the table's writes lock exclusively: no other
+        # load of the table is in flight to record a digest this check cannot see.)
+        forget_digests(connection, target.table.name)
+    ignored_older = int(census["older"]) if versioned else 0
+    tombstoned = int(census["new_tombstones"]) if versioned and target.tombstone_column else 0
+    # Neither statement can touch a row when no staged key is stored (a first sync's pages),
+    # or when every one is (a re-sync): the census saves their join.
+    updated = 0 if not census["stored"] else _execute(connection, loading_sql.update_changed_rows(
         dialect, target.table, stage, target.natural_key, columns, target.version_column
     ), bookkeeping)
-    inserted = _execute(connection, loading_sql.insert_new_rows(
-        dialect, target.table, stage, target.natural_key, columns
-    ), bookkeeping)
+    inserted = 0 if census["stored"] == census["staged"] else _execute(
+        connection, loading_sql.insert_new_rows(
+            dialect, target.table, stage, target.natural_key, columns), bookkeeping)
     deleted = 0
     if (delete_vanished and target.mode is LoadMode.REPLACE_PARTITION
             and not (kept and kept.all_vanished)):
@@ -396,10 +399,6 @@ def _unstage_keys_held_elsewhere(connection: Connection, target: LoadTarget,
         connection.execute(text(loading_sql.delete_staged_keys_held_elsewhere(
             dialect, target.table, stage, target.natural_key, target.partition_column)))
     return rows
-
-
-def _count(connection: Connection, sql: str) -> int:
-    return int(connection.execute(text(sql)).scalar_one())
 
 
 def _stage_kept_keys(connection: Connection, target: LoadTarget,
@@ -462,8 +461,10 @@ def _arrow_rows(frame: pd.DataFrame) -> pa.Table:
     for name in frame.columns:
         series = frame[name]
         if series.dtype == object and isinstance(_first_value(series), Decimal):
-            columns[name] = pa.array([None if pd.isna(v) else str(v) for v in series],
-                                     pa.string())
+            missing = series.isna()
+            columns[name] = pa.array(
+                [None if gap else str(v) for v, gap in zip(series, missing, strict=True)],
+                pa.string())
         else:
             columns[name] = pa.array(series, from_pandas=True)
     return pa.table(columns)
@@ -792,10 +793,6 @@ def _rows(frame: pd.DataFrame) -> Iterator[tuple]:
 
 def _quote(connection: Connection, name: str) -> str:
     return connection.dialect.identifier_preparer.quote(name)
-
-
-def _execute_exists(connection: Connection, sql: str) -> bool:
-    return connection.execute(text(sql)).first() is not None
 
 
 def _execute(connection: Connection, sql: str, params: dict[str, Any], *,

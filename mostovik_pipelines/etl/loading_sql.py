@@ -63,40 +63,37 @@ def insert_new_rows(
     )
 
 
-def rows_moving_in_from_other_partitions(
-    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
-    partition_column: str,
+def census_of_stage(
+    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str], *,
+    partition_column: str | None = None, version_column: str | None = None,
+    tombstone_column: str | None = None,
 ) -> str:
-    """One row if a stage row's natural key is stored under another partition (possible only
-    when the partition column is not part of the key): the update will move it here."""
+    """One pass over the stage joined with the table: ``staged`` rows, how many of their keys
+    the table ``stored``; with ``partition_column`` (not part of the key) how many stored rows
+    the merge would ``moving_in`` from other partitions; with ``version_column`` how many stage
+    rows the table already holds ``older`` (in a newer version); with ``tombstone_column`` too,
+    how many ``new_tombstones`` mark a record deleted that the table holds alive (in an older
+    version) or does not hold at all. Stage keys are unique (validation keeps one row a key)."""
     t, s = _q(dialect, table.name), _q(dialect, stage.name)
-    p = _q(dialect, partition_column)
-    return (
-        f"SELECT 1 FROM {t} JOIN {s} ON {_key_match(dialect, t, s, natural_key)} "
-        f"WHERE {t}.{p} IS DISTINCT FROM {s}.{p} LIMIT 1"
-    )
+    present = f"{t}.{_q(dialect, natural_key[0])} IS NOT NULL"
 
+    def counted(condition: str, name: str) -> str:
+        return f"coalesce(sum(CASE WHEN {condition} THEN 1 ELSE 0 END), 0) AS {name}"
 
-def count_older_versions(
-    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
-    version_column: str,
-) -> str:
-    """Merge-by-version: how many stage rows the table already holds in a newer version."""
-    t, s, v = _q(dialect, table.name), _q(dialect, stage.name), _q(dialect, version_column)
-    return (f"SELECT count(*) FROM {s} JOIN {t} ON {_key_match(dialect, t, s, natural_key)} "
-            f"WHERE {t}.{v} > {s}.{v}")
-
-
-def count_new_tombstones(
-    dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
-    version_column: str, tombstone_column: str,
-) -> str:
-    """Merge-by-version: how many stage rows mark a record deleted that the table holds alive
-    (in an older version) or does not hold at all."""
-    t, s = _q(dialect, table.name), _q(dialect, stage.name)
-    v, d = _q(dialect, version_column), _q(dialect, tombstone_column)
-    return (f"SELECT count(*) FROM {s} LEFT JOIN {t} ON {_key_match(dialect, t, s, natural_key)} "
-            f"WHERE {s}.{d} AND ({t}.{v} IS NULL OR ({s}.{v} > {t}.{v} AND NOT {t}.{d}))")
+    counts = ["count(*) AS staged", counted(present, "stored")]
+    if partition_column:
+        p = _q(dialect, partition_column)
+        counts.append(counted(f"{present} AND {t}.{p} IS DISTINCT FROM {s}.{p}", "moving_in"))
+    if version_column:
+        v = _q(dialect, version_column)
+        counts.append(counted(f"{t}.{v} > {s}.{v}", "older"))
+        if tombstone_column:
+            d = _q(dialect, tombstone_column)
+            counts.append(counted(
+                f"{s}.{d} AND (NOT ({present}) OR ({s}.{v} > {t}.{v} AND NOT {t}.{d}))",
+                "new_tombstones"))
+    return (f"SELECT {', '.join(counts)} FROM {s} "
+            f"LEFT JOIN {t} ON {_key_match(dialect, t, s, natural_key)}")
 
 
 def select_keys_held_elsewhere(
