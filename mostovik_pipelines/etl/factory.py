@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
@@ -97,10 +98,12 @@ from mostovik_pipelines.etl.spec import (
     PageCursor,
     ParsedRows,
     PartitionNotAvailable,
+    RawPayload,
     ReceivedRows,
     RejectedRow,
     SourceSpec,
     TransformRequest,
+    columns_frame,
 )
 from mostovik_pipelines.etl.sync_progress import committed_progress, save_progress
 from mostovik_pipelines.etl.tags import STATUS_TAG, business_tags
@@ -387,29 +390,41 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
                              f"(committed by run {progress.run_id})")
     pages = list(mine)
     number = resumed_after + len(pages) + 1
-    while True:
-        try:
-            raw = spec.extract(ExtractRequest(
-                source=spec.name, partition_key=key,
-                resource=getattr(context.resources, source_resource_key(spec)), cursor=cursor,
+    resource = getattr(context.resources, source_resource_key(spec))
+
+    def fetch(cursor: PageCursor | None) -> RawPayload:
+        return spec.extract(ExtractRequest(source=spec.name, partition_key=key,
+                                           resource=resource, cursor=cursor))
+
+    # One page ahead: the next page is requested as soon as this one names it, and lands
+    # while the source prepares it (the pages are still asked for one at a time, in order).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fetch-{spec.name}") as ahead:
+        fetching = ahead.submit(fetch, cursor)
+        while True:
+            try:
+                raw = fetching.result()
+            except PageCursorExpired as expired:
+                context.log.warning(f"{spec.name} [{key}] page {number}: {expired}; fetching "
+                                    "it again from after the last item received")
+                cursor = PageCursor(None, cursor.resume_after if cursor else None)
+                fetching = ahead.submit(fetch, cursor)
+                continue
+            except Exception as exc:
+                return _fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
+                                          spec.extract_retry, exc,
+                                          len(context.partition_keys) > 1)
+            if raw.next_cursor is not None:
+                fetching = ahead.submit(fetch, raw.next_cursor)
+            pages.append(landing.land(
+                spec.name, key, raw.content, content_type=raw.content_type, origin=raw.origin,
+                fetched_at=datetime.now(UTC), run_id=context.run_id, page=number,
+                cursor=asdict(cursor) if cursor else None,
+                next_cursor=asdict(raw.next_cursor) if raw.next_cursor else None,
+                durable=False,
             ))
-        except PageCursorExpired as expired:
-            context.log.warning(f"{spec.name} [{key}] page {number}: {expired}; fetching it "
-                                "again from after the last item received")
-            cursor = PageCursor(None, cursor.resume_after if cursor else None)
-            continue
-        except Exception as exc:
-            return _fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
-                                      spec.extract_retry, exc, len(context.partition_keys) > 1)
-        pages.append(landing.land(
-            spec.name, key, raw.content, content_type=raw.content_type, origin=raw.origin,
-            fetched_at=datetime.now(UTC), run_id=context.run_id, page=number,
-            cursor=asdict(cursor) if cursor else None,
-            next_cursor=asdict(raw.next_cursor) if raw.next_cursor else None, durable=False,
-        ))
-        if raw.next_cursor is None:
-            return LandedPages(tuple(pages), resumed_after)
-        cursor, number = raw.next_cursor, number + 1
+            if raw.next_cursor is None:
+                return LandedPages(tuple(pages), resumed_after)
+            cursor, number = raw.next_cursor, number + 1
 
 
 def _cursor(record: dict | None) -> PageCursor | None:
@@ -500,11 +515,13 @@ def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
 
 @dataclass
 class _PageGroup:
-    """Pages parsed, not yet validated: their frames, row numbers and rejected rows."""
+    """Pages parsed, not yet validated: their rows, row numbers and rejected rows."""
 
     first_page: int = 0
     rows: int = 0
     frames: list = field(default_factory=list)
+    columns: dict[str, list] | None = None
+    """Rows of the latest pages given as columns, not yet a frame: one frame per group."""
     numbers: list = field(default_factory=list)
     rejected: list = field(default_factory=list)
     starts: list = field(default_factory=list)
@@ -514,19 +531,37 @@ class _PageGroup:
         """Take a parsed page whose rows are numbered from ``received`` + 1; returns the
         numbering's next start."""
         parsed = parsed if isinstance(parsed, ParsedRows) else ParsedRows(parsed)
+        rows = parsed.frame
+        if isinstance(rows, pd.DataFrame):
+            self._columns_to_frame()
+            self.frames.append(rows)
+            count = len(rows)
+        else:
+            if self.columns is not None and list(self.columns) != list(rows):
+                self._columns_to_frame()
+            if self.columns is None:
+                self.columns = {name: [] for name in rows}
+            for name, values in rows.items():
+                self.columns[name].extend(values)
+            count = len(next(iter(rows.values()), ()))
         local = (list(parsed.row_numbers) if parsed.row_numbers is not None
-                 else list(range(1, len(parsed.frame) + 1)))
+                 else list(range(1, count + 1)))
         self.first_page = self.first_page or page
-        self.rows += len(parsed.frame)
-        self.frames.append(parsed.frame)
+        self.rows += count
         self.numbers += [received + n for n in local]
         self.rejected += [dataclasses.replace(r, row_number=received + r.row_number)
                           for r in parsed.rejected]
         self.starts.append((received + 1, page))
-        return received + max(len(parsed.frame) + len(parsed.rejected), *local,
+        return received + max(count + len(parsed.rejected), *local,
                               *(r.row_number for r in parsed.rejected), 0)
 
+    def _columns_to_frame(self) -> None:
+        if self.columns is not None:
+            self.frames.append(columns_frame(self.columns))
+            self.columns = None
+
     def parsed(self) -> ParsedRows:
+        self._columns_to_frame()
         frame = (pd.concat(self.frames, ignore_index=True) if len(self.frames) > 1
                  else self.frames[0].reset_index(drop=True))
         return ParsedRows(frame, self.rejected, self.numbers)

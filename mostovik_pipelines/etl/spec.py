@@ -112,12 +112,26 @@ class RejectedRow:
 class ParsedRows:
     """A transform's result when some rows had to be rejected."""
 
-    frame: pd.DataFrame
+    frame: pd.DataFrame | Mapping[str, list]
+    """The rows: a frame, or columns (name -> list of values, all as long) that the framework
+    makes a frame of. A paged source does best with columns: its pages are joined into one
+    frame per commit group, where a frame per page of 100 rows costs more than its request."""
     rejected: Sequence[RejectedRow] = ()
     row_numbers: Sequence[int] | None = None
     """Each frame row's position in the payload as the source numbers it (a file's row, title
     and header rows counted), so that rows rejected later (conflicting duplicates, keys held
     elsewhere) name the row an operator opens; by default the frame's own order."""
+
+    def as_frame(self) -> pd.DataFrame:
+        return self.frame if isinstance(self.frame, pd.DataFrame) else columns_frame(self.frame)
+
+
+def columns_frame(columns: Mapping[str, list]) -> pd.DataFrame:
+    """A frame of columns given as lists; without rows, its columns hold objects (as a frame
+    declared with no data), not floats."""
+    if not any(len(values) for values in columns.values()):
+        return pd.DataFrame(columns=list(columns))
+    return pd.DataFrame(columns)
 
 
 @dataclass(frozen=True)

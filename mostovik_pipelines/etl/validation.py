@@ -56,7 +56,7 @@ def validate_partition(
 ) -> ValidatedFrame:
     """The rows ready to load and the rows to quarantine, or an error saying what is wrong."""
     if isinstance(parsed, ParsedRows):
-        frame, rejected = parsed.frame, list(parsed.rejected)
+        frame, rejected = parsed.as_frame(), list(parsed.rejected)
         numbers = parsed.row_numbers
     else:
         frame, rejected, numbers = parsed, [], None

@@ -18,12 +18,13 @@ in HTTP. In a distributed deployment ``base_dir`` is a path every worker can rea
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import pickle
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
@@ -82,8 +83,10 @@ class LandingStoreResource(ConfigurableResource):
         if page is not None:
             name += f"-{run_id}-p{page:07d}"
         record = folder / "fetches" / f"{name}.json"
-        _write_atomically(record, json.dumps(asdict(payload), default=str, indent=1).encode(),
-                          durable)
+        # Fields one level deep (``asdict`` deep-copies every cursor: a tenth of a sync's
+        # landing time).
+        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
+        _write_atomically(record, json.dumps(fields, default=str, indent=1).encode(), durable)
         return payload
 
     def read(self, payload: LandedPayload) -> bytes:

@@ -62,3 +62,22 @@ def test_a_retried_ranged_extract_resumes_instead_of_fetching_again(
     asked = [r["query"] for r in standin.requests("cbr")]
     assert len(asked) == 6  # five partitions, one of them asked twice
     assert sum("05%2F11%2F2026" in q for q in asked) == 2
+
+
+def test_a_commit_group_joins_pages_given_as_columns_or_frames_in_page_order():
+    import pandas as pd
+
+    from mostovik_pipelines.etl.factory import _PageGroup
+    from mostovik_pipelines.etl.spec import ParsedRows, RejectedRow
+
+    group = _PageGroup()
+    received = group.add(1, ParsedRows({"id": ["a", "b"], "n": [1, 2]}), 0)
+    received = group.add(2, ParsedRows(pd.DataFrame({"id": ["c"], "n": [3]}),
+                                       [RejectedRow(2, "{}", "unreadable")], [1]), received)
+    received = group.add(3, ParsedRows({"id": [], "n": []}), received)
+    group.add(4, ParsedRows({"id": ["d"], "n": [4]}), received)
+    parsed = group.parsed()
+    assert parsed.frame.to_dict("list") == {"id": ["a", "b", "c", "d"], "n": [1, 2, 3, 4]}
+    assert list(parsed.row_numbers) == [1, 2, 3, 5]
+    assert [r.row_number for r in parsed.rejected] == [4]
+    assert group.first_page == 1 and group.rows == 4
