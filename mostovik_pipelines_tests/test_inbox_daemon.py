@@ -17,7 +17,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from mostovik_pipelines.etl.inbox_sensor import MINIMUM_INTERVAL_SECONDS
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support import delivery_reports as reports
@@ -38,6 +37,8 @@ from mostovik_pipelines_tests.support.webserver import DagsterServices, RunInfo
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
+SENSOR_INTERVAL_SECONDS = 5
+"""The inbox sensor's interval in these services (15 s by default): the tests wait on ticks."""
 LAUNCH_LATENCY_SECONDS = 20
 """From the sensor's tick to a run in storage: the sensor daemon's loop, the evaluation in the
 code server, the run's creation. A run must appear within one sensor interval plus this."""
@@ -62,6 +63,7 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
         "MOSTOVIK_INBOX_DIR": str(work_dir / "inbox"),
         "MOSTOVIK_ARCHIVE_DIR": str(work_dir / "archive"),
         "MOSTOVIK_EXECUTOR": "in_process",
+        "MOSTOVIK_INBOX_SENSOR_INTERVAL_SECONDS": str(SENSOR_INTERVAL_SECONDS),
     })
     try:
         with DagsterServices(work_dir, home, environment) as running:
@@ -105,11 +107,27 @@ def _wait_for_ticks_after(services: DagsterServices, since_epoch: float, count: 
         time.sleep(1)
 
 
+def _wait_for_tick_asking_after(services: DagsterServices, since_epoch: float, timeout: float):
+    """The first tick that requested runs and ended after ``since_epoch`` (a tick that began
+    before it may have listed the inbox after it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        asking = [t for t in sensor_ticks(services.graphql)
+                  if t.status != "STARTED" and (t.end_timestamp or 0) > since_epoch
+                  and t.run_keys]
+        if asking:
+            return min(asking, key=lambda t: t.timestamp)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no tick asked for a run in {timeout} s: "
+                                 f"{sensor_ticks(services.graphql, limit=5)}")
+        time.sleep(1)
+
+
 def _drop_and_wait_for_its_run(services: DagsterServices, inbox: Path, content: bytes):
     dropped = time.monotonic()
     version = drop(inbox, FILE_NAME, content)
     run, appeared_after = _wait_for_run_of(
-        services, version, dropped, MINIMUM_INTERVAL_SECONDS + LAUNCH_LATENCY_SECONDS)
+        services, version, dropped, SENSOR_INTERVAL_SECONDS + LAUNCH_LATENCY_SECONDS)
     finished = services.graphql.wait_for_run(run.run_id, timeout=120)
     print(f"\n{version}: run {run.run_id} appeared {appeared_after:.1f} s after the drop, "
           f"{finished.status} {time.monotonic() - dropped:.1f} s after it")
@@ -138,8 +156,9 @@ def test_the_daemon_runs_each_new_file_version_once(services: DagsterServices):
     # The same bytes again: the sensor asks for the version again, the daemon launches nothing.
     redropped_at = time.time()
     drop(inbox, FILE_NAME, content)
-    [seen] = _wait_for_ticks_after(services, redropped_at, 1,
-                                   timeout=2 * MINIMUM_INTERVAL_SECONDS + LAUNCH_LATENCY_SECONDS)
+    # The first tick that asked for something (one that listed the inbox mid-drop saw nothing).
+    seen = _wait_for_tick_asking_after(
+        services, redropped_at, timeout=2 * SENSOR_INTERVAL_SECONDS + LAUNCH_LATENCY_SECONDS)
     print(f"the tick after the same bytes were dropped again: {seen}")
     # The sensor did ask, with the version's run key; the daemon launched nothing for it.
     assert seen.run_keys == [run.tags["dagster/run_key"]], seen

@@ -97,6 +97,8 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook
         "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
         "MOSTOVIK_EXECUTOR": "in_process",
         "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
+        # The alert sensors look every 5 s here (15 s by default): the alert tests wait on them.
+        "MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS": "5",
         # Dagster's own: how often the daemon evaluates freshness policies (default 30 s).
         "FRESHNESS_DAEMON_INTERVAL_SECONDS": "5",
     })

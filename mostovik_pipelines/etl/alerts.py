@@ -46,9 +46,11 @@ from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.etl.tags import STATUS_TAG
 from mostovik_pipelines.etl.tracking import JobStatus, load_job
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
+from mostovik_pipelines.settings import setting
 
 ALERT_NOTIFIER_KEY = "alert_notifier"
-ALERT_INTERVAL_SECONDS = 15
+ALERT_INTERVAL_SECONDS = int(setting("MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS", "15"))
+"""Seconds between two looks for failed or cancelled runs and overdue assets."""
 WILL_RETRY_TAG = "dagster/will_retry"
 """Set by Dagster on a failed run: whether the daemon's run retries will run it again."""
 

@@ -31,11 +31,13 @@ from dagster import (
 )
 
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of, version_key
+from mostovik_pipelines.settings import setting
 
 if TYPE_CHECKING:
     from mostovik_pipelines.etl.spec import SourceSpec
 
-MINIMUM_INTERVAL_SECONDS = 15
+MINIMUM_INTERVAL_SECONDS = int(setting("MOSTOVIK_INBOX_SENSOR_INTERVAL_SECONDS", "15"))
+"""Seconds between two looks at the inbox."""
 
 
 def new_file_versions_sensor(spec: SourceSpec, job: Any, resource_key: str):
