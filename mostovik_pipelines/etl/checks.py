@@ -205,6 +205,25 @@ def _compare_versions_postgresql(request: CheckRequest, key: str, version: str
     return compared, gone_down, sample
 
 
+def _unique_index_on(connection, table: str, columns: Sequence[str]) -> str | None:
+    """PostgreSQL: a valid unique index of ``table`` on exactly ``columns`` (no predicate, no
+    expression), by name; with it no key can be stored twice, and counting copies of every key
+    of a partition (a third of a second for 100,000 rows) would find nothing. None elsewhere:
+    the check then counts."""
+    if connection.dialect.name != "postgresql":
+        return None
+    return connection.execute(text(
+        "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+        "WHERE x.indrelid = to_regclass(:table) AND x.indisunique AND x.indisvalid "
+        "AND x.indpred IS NULL AND x.indexprs IS NULL AND x.indnkeyatts = :count "
+        "AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a "
+        "     WHERE a.attrelid = x.indrelid AND a.attnum = ANY(x.indkey::int2[])) "
+        "    = CAST(:columns AS text[]) "
+        "ORDER BY i.relname LIMIT 1"),
+        {"table": connection.dialect.identifier_preparer.quote(table), "count": len(columns),
+         "columns": sorted(columns)}).scalar()
+
+
 # --- the framework's checks -------------------------------------------------------------------
 
 NATURAL_KEY_UNIQUE = "natural_key_unique"
@@ -216,6 +235,12 @@ VERSION_NEVER_GOES_DOWN = "version_never_goes_down"
 def _natural_key_unique(spec: SourceSpec) -> PartitionCheck:
     def evaluate(request: CheckRequest) -> CheckResult:
         table = request.table
+        enforced_by = _unique_index_on(request.connection, table.name, spec.natural_key)
+        if enforced_by:
+            return CheckResult(True, f"every natural key ({', '.join(spec.natural_key)}) is "
+                                     f"stored once: the unique index {enforced_by} enforces it",
+                               {"duplicated_keys": MetadataValue.int(0),
+                                "enforced_by": MetadataValue.text(enforced_by)})
         keys = [table.c[name] for name in spec.natural_key]
         in_partition = select(*keys).where(
             table.c[spec.partition_column] == request.partition_value)

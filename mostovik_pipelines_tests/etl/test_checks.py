@@ -204,3 +204,27 @@ def test_a_version_stored_lower_than_received_fails_version_never_goes_down(ware
     assert not version.passed and version.blocking
     assert version.metadata["versions_gone_down"].value == 1
     assert "| A | 5 | 7 |" in version.metadata["sample"].value
+
+
+def test_natural_key_unique_names_the_unique_index_and_counts_without_it(pg_warehouse_url):
+    """On PostgreSQL the unique index on the natural key is the proof; if it is gone, the check
+    counts the partition's keys and finds the one stored twice."""
+    spec = erp_work_orders.SOURCE
+    engine = warehouse_engine(pg_warehouse_url)
+    stored = {"object_code": "M-1", "title": "t", "status": "done", "amount": "1",
+              "updated_at": pd.Timestamp("2026-11-04T10:00:00Z"), "deleted": False,
+              "window_date": date(2026, 11, 4), "version": 1, "loaded_by_run": "run-1",
+              "changed_by_run": "run-1"}
+    with engine.begin() as connection:
+        connection.execute(insert(spec.table), [{**stored, "id": "A"}, {**stored, "id": "B"}])
+    unique = _results(engine, spec, PARTITION)["natural_key_unique"]
+    assert unique.passed
+    assert unique.metadata["enforced_by"].value == "uq_erp_work_orders_natural_key"
+
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "ALTER TABLE erp_work_orders DROP CONSTRAINT uq_erp_work_orders_natural_key")
+        connection.execute(insert(spec.table), [{**stored, "id": "A"}])
+    unique = _results(engine, spec, PARTITION)["natural_key_unique"]
+    assert not unique.passed and "enforced_by" not in unique.metadata
+    assert unique.metadata["duplicated_keys"].value == 1
