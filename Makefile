@@ -31,17 +31,11 @@ TEST_WORKERS ?= 2
 test: install system-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-## Debian packages whose servers the tests start; installed with apt when run as root.
-system-deps:
-	@missing=""; \
-	[ -x /usr/bin/redis-server ] || command -v redis-server >/dev/null 2>&1 || missing="redis-server"; \
-	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
-	  || missing="$$missing postgresql"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	  else echo "install these Debian packages first: $$missing" >&2; exit 1; fi; \
-	fi
+## What the test servers need on this machine, once, before any test worker starts: the Debian
+## packages postgresql and redis-server (installed with apt when run as root; otherwise named)
+## and, as root, the system user that owns the throw-away PostgreSQL clusters; then checked.
+system-deps: install
+	$(BIN)/python -m mostovik_pipelines_tests.support.machine
 
 ## Loader and orchestration benchmarks against a throw-away PostgreSQL (see benchmarks/README.md).
 bench: install

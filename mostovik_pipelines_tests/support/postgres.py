@@ -1,15 +1,14 @@
 """A throw-away PostgreSQL server on 127.0.0.1 for the tests.
 
 ``initdb`` refuses to run as root, so under root the cluster belongs to a dedicated system user
-(created if missing) and every server command runs as that user. The cluster lives in a temp
-dir and is deleted when the server stops. Durability settings are off: it is a test server.
+(set up once by ``support/machine.py``) and every server command runs as that user. The cluster
+lives in a temp dir and is deleted when the server stops. Durability settings are off: it is a
+test server.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
 import secrets
 import shutil
 import socket
@@ -18,16 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-SERVER_USER = "mostovik-pg"
+from mostovik_pipelines_tests.support.machine import (
+    SERVER_USER,
+    ensure_server_user,
+    require_binary,
+)
+
 SUPERUSER = "mostovik"
-
-
-def _binary(name: str) -> str:
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
-    found = candidates[0] if candidates else shutil.which(name)
-    if not found:
-        raise RuntimeError(f"PostgreSQL binary {name} not found (install postgresql-15)")
-    return found
 
 
 def free_port() -> int:
@@ -37,7 +33,8 @@ def free_port() -> int:
 
 
 class ThrowawayPostgres:
-    def __init__(self) -> None:
+    def __init__(self, server_user: str = SERVER_USER) -> None:
+        self.server_user = server_user
         self.port = free_port()
         self.password = secrets.token_urlsafe(16)
         self.root = Path(tempfile.mkdtemp(prefix="mostovik-pg-"))
@@ -48,7 +45,7 @@ class ThrowawayPostgres:
     def _run(self, *args: str) -> None:
         command = list(args)
         if self._as_root:
-            command = ["runuser", "-u", SERVER_USER, "--", *command]
+            command = ["runuser", "-u", self.server_user, "--", *command]
         subprocess.run(command, check=True, capture_output=True, text=True)
 
     def start(self) -> ThrowawayPostgres:
@@ -56,11 +53,11 @@ class ThrowawayPostgres:
         pwfile = self.root / "pwfile"
         pwfile.write_text(self.password)
         if self._as_root:
-            _ensure_system_user(SERVER_USER)
-            shutil.chown(self.root, SERVER_USER)
+            ensure_server_user(self.server_user)
+            shutil.chown(self.root, self.server_user)
             for path in (self.socket_dir, pwfile):
-                shutil.chown(path, SERVER_USER)
-        self._run(_binary("initdb"), "-D", str(self.data), "-U", SUPERUSER,
+                shutil.chown(path, self.server_user)
+        self._run(require_binary("initdb"), "-D", str(self.data), "-U", SUPERUSER,
                   f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
                   "-E", "UTF8", "--locale=C.UTF-8")
         options = " ".join([
@@ -68,13 +65,14 @@ class ThrowawayPostgres:
             "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off",
             "-c max_connections=300", "-c shared_buffers=256MB",
         ])
-        self._run(_binary("pg_ctl"), "-D", str(self.data), "-o", options,
+        self._run(require_binary("pg_ctl"), "-D", str(self.data), "-o", options,
                   "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
         return self
 
     def stop(self) -> None:
         try:
-            self._run(_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self._run(require_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
+                      "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -91,14 +89,6 @@ def dsn_of(url: str) -> str:
     """The libpq connection string of a SQLAlchemy ``postgresql+psycopg://`` URL, for opening a
     plain psycopg connection to the same database (an operator's psql, an observer)."""
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
-
-
-def _ensure_system_user(name: str) -> None:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        name], check=True)
 
 
 def backend_waiting_on_a_lock(observer, query_like: str, timeout: float = 60) -> int | None:

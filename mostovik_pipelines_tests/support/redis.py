@@ -15,9 +15,8 @@ from pathlib import Path
 
 import redis
 
+from mostovik_pipelines_tests.support.machine import require_binary
 from mostovik_pipelines_tests.support.postgres import free_port
-
-REDIS_SERVER = "/usr/bin/redis-server"
 
 
 class ThrowawayRedis:
@@ -35,10 +34,8 @@ class ThrowawayRedis:
             f"logfile {self.root / 'redis.log'}", "daemonize no",
         ]) + "\n")
         config.chmod(0o600)
-        binary = REDIS_SERVER if Path(REDIS_SERVER).exists() else shutil.which("redis-server")
-        if not binary:
-            raise RuntimeError("redis-server not found (apt-get install redis-server)")
-        self._process = subprocess.Popen([binary, str(config)], start_new_session=True)
+        self._process = subprocess.Popen([require_binary("redis-server"), str(config)],
+                                         start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:
             try:
