@@ -14,7 +14,8 @@ $(BIN)/mostovik: pyproject.toml
 
 install: $(BIN)/mostovik
 
-## Load the newest 7 days of CBR rates into the local SQLite warehouse, via the stand-in source.
+## Every job kind once into the local SQLite warehouse: 7 days of each parser and 3 sync windows
+## from the stand-in sources, and sample delivery reports through the inbox sensor.
 demo: install
 	$(BIN)/mostovik demo --days 7
 

@@ -11,14 +11,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from mostovik_pipelines.settings import resolved_database_url
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance, JobDefinition
+
+    from mostovik_pipelines.etl.tracking import Job
 
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
@@ -74,18 +79,18 @@ def standin(host: str, port: int, print_env: bool) -> None:
     from mostovik_pipelines.standin import StandinServer
 
     if print_env:
-        for name, url in _standin_environment(f"http://{host}:{port}").items():
+        for name, url in standin_environment(f"http://{host}:{port}").items():
             click.echo(f"{name}={url}")
         return
     server = StandinServer(host, port)
     click.echo(f"stand-in sources at {server.url}:")
-    for name, url in _standin_environment(server.url).items():
+    for name, url in standin_environment(server.url).items():
         click.echo(f"  {name}={url}")
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
 
 
-def _standin_environment(base_url: str) -> dict[str, str]:
+def standin_environment(base_url: str) -> dict[str, str]:
     """The settings that point every source with a stand-in endpoint at the stand-in serving
     at ``base_url``, each source's own ``url_setting``."""
     from mostovik_pipelines.sources import ALL_SOURCES
@@ -134,39 +139,23 @@ def materialize(source: str, partitions: Sequence[str], last: int | None) -> Non
 
 
 @main.command()
-@click.option("--days", default=7, show_default=True)
-@click.option("--sync-days", default=3, show_default=True)
+@click.option("--days", default=7, show_default=True,
+              help="The newest N days of each parser source.")
+@click.option("--sync-days", default=3, show_default=True,
+              help="The newest N daily windows of each sync source.")
 def demo(days: int, sync_days: int) -> None:
-    """Start the stand-in, migrate the local warehouse, load the newest daily CBR rates and sync
-    the newest windows of ERP work orders."""
-    from mostovik_pipelines.standin import StandinServer
-    from mostovik_pipelines.warehouse import migrate
+    """Every kind of job once, on the stand-in and the local warehouse: the newest days of each
+    HTTP source, and sample delivery reports through the inbox sensor (mostovik_pipelines.demo)."""
+    from mostovik_pipelines.demo import run_demo
 
-    server = StandinServer().start()
-    migrate.upgrade(resolved_database_url())
-    click.echo(f"stand-in at {server.url}; warehouse {resolved_database_url()}")
-    # The code location reads the sources' URLs when it loads, so the runs get a process of
-    # their own that starts with the stand-in's addresses.
-    environment = {**os.environ, **_standin_environment(server.url)}
-    failed = 0
-    try:
-        for source, last in (("cbr_daily_rates", days), ("erp_work_orders", sync_days)):
-            click.echo(f"\n{source}")
-            failed |= subprocess.run(
-                [sys.executable, "-m", "mostovik_pipelines.cli", "materialize",
-                 "--source", source, "--last", str(last)], env=environment, check=False,
-            ).returncode
-    finally:
-        server.stop()
-    sys.exit(failed)
+    sys.exit(run_demo(days, sync_days))
 
 
 def _materialize(source: str, partitions: list[str], last: int | None) -> int:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
-    from mostovik_pipelines.etl.run_claims import hold_run_claim
-    from mostovik_pipelines.etl.tracking import JobStatus, load_job
+    from mostovik_pipelines.etl.tracking import JobStatus
     from mostovik_pipelines.sources import ALL_SOURCES
 
     specs = {spec.name: spec for spec in ALL_SOURCES}
@@ -185,25 +174,76 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
         return EXIT_USAGE
 
     source_job = defs.resolve_job_def(f"{source}_job")
-    click.echo(f"{'partition':<12} {'status':<10} {'inserted':>8} {'updated':>8} "
-               f"{'unchanged':>9} {'deleted':>8}  run / note")
+    width = summary_width(partitions)
+    click.echo(summary_header(width))
     failed = 0
     for partition in partitions:
-        run_id = str(uuid.uuid4())
-        # In-process runs have no executor of ours: this process is the run, and holds its claim.
-        with hold_run_claim(instance, run_id):
-            result = source_job.execute_in_process(
-                partition_key=partition, instance=instance, raise_on_error=False, run_id=run_id,
-                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-            )
-        job = load_job(instance, result.run_id)
+        job = run_in_process(instance, source_job, [partition])
         failed += job.status is JobStatus.FAILED
-        c = job.totals
-        note = "; ".join(job.left_out.values()) or (job.errors[0].message if job.errors else "")
-        click.echo(f"{partition:<12} {job.status.value:<10} {c.get('inserted', 0):>8} "
-                   f"{c.get('updated', 0):>8} {c.get('unchanged', 0):>9} {c.get('deleted', 0):>8}"
-                   f"  {result.run_id[:8]} {note}")
+        for line in summary_lines(job, [partition], width):
+            click.echo(line)
     return EXIT_JOB_FAILED if failed else 0
+
+
+def run_in_process(instance: DagsterInstance, source_job: JobDefinition,
+                   partitions: Sequence[str], tags: Mapping[str, str] | None = None) -> Job:
+    """One run of ``source_job`` in this process for ``partitions`` (consecutive keys: more than
+    one is a run over their range), and its job view."""
+    from mostovik_pipelines.etl.run_claims import hold_run_claim
+    from mostovik_pipelines.etl.tags import RANGE_END_TAG, RANGE_START_TAG
+    from mostovik_pipelines.etl.tracking import load_job
+
+    tags = dict(tags or {})
+    if len(partitions) > 1:
+        tags.update({RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]})
+    run_id = str(uuid.uuid4())
+    # In-process runs have no executor of ours: this process is the run, and holds its claim.
+    with hold_run_claim(instance, run_id):
+        source_job.execute_in_process(
+            partition_key=partitions[0] if len(partitions) == 1 else None, tags=tags,
+            instance=instance, raise_on_error=False, run_id=run_id,
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        )
+    return load_job(instance, run_id)
+
+
+SUMMARY_FIGURES = ("inserted", "updated", "unchanged", "deleted", "rejected")
+
+
+def summary_width(partitions: Sequence[str]) -> int:
+    """The width of the partition column of a summary table of ``partitions``."""
+    return max(map(len, ["partition", *partitions]))
+
+
+def summary_header(width: int) -> str:
+    return (f"{'partition':<{width}}  {'status':<9} "
+            + " ".join(f"{name:>9}" for name in SUMMARY_FIGURES) + "  run / note")
+
+
+def summary_line(partition: str, width: int, status: str, figures: Mapping[str, int],
+                 run_id: str, note: str) -> str:
+    return (f"{partition:<{width}}  {status:<9} "
+            + " ".join(f"{figures.get(name, 0):>9}" for name in SUMMARY_FIGURES)
+            + f"  {run_id[:8]} {note}").rstrip()
+
+
+def summary_lines(job: Job, partitions: Sequence[str], width: int) -> list[str]:
+    """A line per partition of ``job``: its figures once loaded (partial: rows were
+    quarantined), else skipped with the reason (not available yet), or failed with the error."""
+    from mostovik_pipelines.etl.tracking import JobStatus
+
+    error = job.errors[0].message if job.errors else ""
+    lines = []
+    for partition in partitions:
+        figures = job.per_partition.get(partition)
+        if figures is not None:
+            status = "partial" if figures.get("rejected") else "completed"
+            note = "rejected rows are in quarantined_rows" if figures.get("rejected") else ""
+        else:
+            status = "failed" if job.status is JobStatus.FAILED else "skipped"
+            note = job.left_out.get(partition) or error
+        lines.append(summary_line(partition, width, status, figures or {}, job.run_id, note))
+    return lines
 
 
 @main.group()

@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 
+from mostovik_pipelines.cli import SUMMARY_FIGURES
+from mostovik_pipelines.demo import SAMPLE_FILES
+from mostovik_pipelines.sources import ALL_SOURCES
+from mostovik_pipelines.standin.cbr_metal_prices import is_working_day
 from mostovik_pipelines.warehouse.migrate import head_revision
 
 MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
@@ -21,37 +27,95 @@ def _run(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=300)
 
 
-def _summary(output: str) -> dict[str, list[str]]:
-    """``source/partition`` -> its summary line's fields, for every source the output lists."""
+def _summary(output: str) -> dict[str, dict[str, str]]:
+    """``source/partition`` -> its summary line's status, figures, run and note, for every source
+    the output lists (a table per source, under the source's name and job type)."""
     rows, source = {}, ""
     for line in output.splitlines():
         fields = line.split()
-        if len(fields) == 1:
+        if len(fields) == 3 and fields[2] == "job)":
             source = fields[0]
-        elif len(fields) > 5 and fields[0][:4].isdigit():
-            rows[f"{source}/{fields[0]}"] = fields[1:]
+        elif len(fields) >= 8 and fields[0] != "partition":
+            partition, status, *figures = fields[:7]
+            rows[f"{source}/{partition}"] = {
+                "status": status, **dict(zip(SUMMARY_FIGURES, figures, strict=True)),
+                "run": fields[7], "note": " ".join(fields[8:])}
     return rows
 
 
-@pytest.mark.slow
-def test_demo_loads_the_week_and_a_second_demo_changes_nothing(tmp_path):
-    env = {"MOSTOVIK_DATA_DIR": str(tmp_path / "data")}
-    first = _run("demo", "--days", "3", "--sync-days", "2", env=env, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert "erp_work_orders" in first.stdout
-    first_rows = _summary(first.stdout)
-    assert len(first_rows) == 5
-    assert (tmp_path / "data" / "warehouse.sqlite").exists()
+def _tables(url: str) -> dict[str, list[tuple]]:
+    """Every source table's rows, bookkeeping columns included (a rewritten row changes them),
+    and the quarantined rows."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {table: sorted((tuple(row) for row in connection.execute(
+                text(f"SELECT * FROM {table}"))), key=repr)
+                for table in [*(spec.table.name for spec in ALL_SOURCES), "quarantined_rows"]}
+    finally:
+        engine.dispose()
 
-    second = _run("demo", "--days", "3", "--sync-days", "2", env=env, cwd=tmp_path)
+
+@pytest.mark.slow
+def test_demo_runs_every_job_kind_and_a_second_demo_changes_nothing(tmp_path):
+    (tmp_path / "home").mkdir()
+    env = {"MOSTOVIK_DATA_DIR": str(tmp_path / "data"), "DAGSTER_HOME": str(tmp_path / "home")}
+    url = f"sqlite:///{tmp_path / 'data' / 'warehouse.sqlite'}"
+    first = _run("demo", "--days", "7", "--sync-days", "2", env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    first_rows = _summary(first.stdout)
+    tables = _tables(url)
+
+    # Every source has its table of partitions, and its rows are in the warehouse, as many as the
+    # demo says it inserted: 7 days of each parser, 2 sync windows, one line per sample file.
+    for spec in ALL_SOURCES:
+        lines = {key: row for key, row in first_rows.items() if key.startswith(f"{spec.name}/")}
+        assert len(lines) == {"parser": 7, "sync": 2, "file": 3}[spec.job_type], spec.name
+        assert all(row["status"] in ("completed", "partial", "skipped") for row in lines.values())
+        assert len(tables[spec.table.name]) == sum(int(row["inserted"]) for row in lines.values())
+        # (Metal prices are set on working days only: none in a week of New Year holidays.)
+        assert tables[spec.table.name] or spec.name == "cbr_metal_prices", spec.name
+    metal_days = [key.split("/")[1] for key in first_rows if key.startswith("cbr_metal_prices/")]
+    assert len(tables["cbr_metal_prices"]) == 4 * sum(
+        is_working_day(date.fromisoformat(day)) for day in metal_days)
+
+    # The sample reports: one line per file version, the bad row quarantined, not loaded.
+    reports = {key.split("/")[1].split("@")[0]: row for key, row in first_rows.items()
+               if key.startswith("material_deliveries/")}
+    assert sorted(reports) == sorted(p.name for p in (SAMPLE_FILES / "material_deliveries")
+                                     .iterdir())
+    assert {name: (row["status"], row["inserted"], row["rejected"])
+            for name, row in reports.items()} == {
+        "msk-zhk-014_november.csv": ("completed", "6", "0"),
+        "spb-bc-003_november.xlsx": ("completed", "5", "0"),
+        "kzn-most-07_november_one_bad_row.csv": ("partial", "7", "1"),
+    }
+    [quarantined] = tables["quarantined_rows"]
+    assert "kzn-most-07_november_one_bad_row.csv@" in " ".join(map(str, quarantined))
+    assert "'двенадцать' is not a number" in " ".join(map(str, quarantined))
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        loaded = set(connection.execute(text(
+            "SELECT waybill, line_no FROM material_deliveries "
+            "WHERE source_file = 'kzn-most-07_november_one_bad_row.csv'")).all())
+    engine.dispose()
+    assert len(loaded) == 7 and ("НК-2026/784622", 2) not in loaded
+
+    second = _run("demo", "--days", "7", "--sync-days", "2", env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
-    for partition, (status, inserted, updated, unchanged, deleted, *_rest) in _summary(
-        second.stdout
-    ).items():
-        assert status == "completed", partition
-        assert (inserted, updated, deleted) == ("0", "0", "0")
-        if first_rows[partition][1] != "0":
-            assert unchanged == first_rows[partition][1]
+    second_rows = _summary(second.stdout)
+    assert second_rows.keys() == first_rows.keys()
+    for key, row in second_rows.items():
+        assert (row["inserted"], row["updated"], row["deleted"]) == ("0", "0", "0"), key
+        if key.startswith("material_deliveries/"):
+            # The sensor asks for the same bytes under the run key they were loaded with: the
+            # daemon's skip, naming that run.
+            assert row["status"] == "skipped", key
+            assert row["run"] == first_rows[key]["run"], key
+        else:
+            assert row["status"] == first_rows[key]["status"], key
+            assert row["unchanged"] == first_rows[key]["inserted"], key
+    assert _tables(url) == tables
 
 
 def test_unknown_source_is_a_usage_error(tmp_path):
