@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dagster import EnvVar
+if TYPE_CHECKING:
+    from dagster import EnvVar
 
 DATA_DIR_ENV = "MOSTOVIK_DATA_DIR"
 DATABASE_URL_ENV = "MOSTOVIK_DATABASE_URL"
@@ -29,6 +31,8 @@ def default_database_url() -> str:
 
 def database_url_setting() -> str | EnvVar:
     """The warehouse URL: ``EnvVar`` when configured (it may hold a password), else local SQLite."""
+    from dagster import EnvVar
+
     if os.environ.get(DATABASE_URL_ENV):
         return EnvVar(DATABASE_URL_ENV)
     return default_database_url()
@@ -37,6 +41,8 @@ def database_url_setting() -> str | EnvVar:
 def alert_webhook_setting() -> EnvVar | None:
     """The alert webhook (its URL carries a token): ``EnvVar`` when set, else alerts are only
     logged."""
+    from dagster import EnvVar
+
     return EnvVar(ALERT_WEBHOOK_ENV) if os.environ.get(ALERT_WEBHOOK_ENV) else None
 
 
