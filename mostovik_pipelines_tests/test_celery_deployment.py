@@ -44,6 +44,11 @@ from mostovik_pipelines_tests.support.postgres import (
     dsn_of,
 )
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
+from mostovik_pipelines_tests.support.waiting import (
+    PROCESS_START_MARGIN_SECONDS,
+    wait_for_hanging_request,
+    wait_until,
+)
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -286,14 +291,22 @@ def test_a_run_waiting_for_another_does_not_starve_it_of_the_only_worker(deploym
     the run it waits for still gets the worker for its next steps."""
     drained, serving = deployment.workers["worker-a"], deployment.workers["worker-b"]
     partition = "2026-11-12"
-    standin.fault("hang", seconds=6, match="date_req=12/11/2026")
+    # The first run is held in its fetch until the duplicate is seen waiting for it.
+    standin.fault("hang", seconds=300, match="date_req=12/11/2026")
     deployment.celery("control", "--timeout", "20", "--destination", drained.hostname,
                       "cancel_consumer", "dagster")
     try:
         first = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: partition, CASE_TAG: "first"})
-        time.sleep(1.5)
+        wait_for_hanging_request(standin, "date_req=12/11/2026")
         second = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: partition,
                                                    CASE_TAG: "duplicate"})
+        with deployment.instance() as instance:
+            wait_until(lambda: any(
+                "waiting for run(s)" in (record.user_message or "")
+                for run in instance.get_runs(RunsFilter(tags={CASE_TAG: "duplicate"}))
+                for record in instance.all_logs(run.run_id)),
+                PROCESS_START_MARGIN_SECONDS, "the duplicate waiting for the first run")
+        standin.release_hangs()
         assert deployment.finish(first, timeout=120) == 0, deployment.outputs[-1][-3000:]
         assert deployment.finish(second, timeout=120) == 0, deployment.outputs[-1][-3000:]
     finally:

@@ -13,7 +13,8 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`Stan
   ``erp`` route a request carrying only a page token matches as if it repeated its window's
   ``updated_from`` and ``updated_to``; with ``page``: k, only the k-th page of a window, counted
   from 1); ``DELETE /_control/faults`` clears them. Kinds:
-  ``status`` (any code, optional ``retry_after``), ``hang`` (``seconds`` before answering),
+  ``status`` (any code, optional ``retry_after``), ``hang`` (``seconds`` before answering, or
+  until ``POST /_control/faults/release`` lets every hanging request answer at once),
   ``drop`` (close the connection halfway through the body), ``truncate`` (a cut-off document),
   ``malformed`` (not XML), ``rename_element`` (``element`` -> ``renamed_to``, a schema change),
   ``wrong_encoding`` (bytes that do not match the declared encoding), ``html`` (a maintenance
@@ -21,7 +22,9 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`Stan
   ``content_b64``, with optional ``content_type`` and ``status``), and on the ``erp`` route
   ``expire_token`` (with ``page`` >= 2: the token that asks for that page expires for good, 410).
 * ``GET /_control/requests`` lists the latest 10,000 requests served (route, query, time,
-  status, fault, page); ``DELETE /_control/requests`` forgets them.
+  status, fault, page); ``DELETE /_control/requests`` forgets them. ``GET /_control/hanging``
+  lists the requests hanging now (route, query as a fault's ``match`` reads it, since): what a
+  test waits on before it acts.
 * ``<method> /_control/<route>/<name>``: an endpoint's own controls; ``DELETE
   /_control/<route>`` forgets what tests changed in it.
 * CBR: ``POST /_control/cbr/changes``, ``POST /_control/cbr/published_until``,
@@ -89,6 +92,9 @@ class StandinState:
         self.lock = threading.Lock()
         self.faults: dict[str, list[Fault]] = {}
         self.requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_SIZE)
+        self.hanging: dict[int, dict[str, Any]] = {}
+        self.release = threading.Event()
+        """Set to let the requests hanging now answer; a new one for the hangs to come."""
         self.endpoints = sorted(endpoints.values(), key=lambda e: len(e.path), reverse=True)
         self.states: dict[str, EndpointState] = {
             endpoint.route: endpoint.state(options) for endpoint in self.endpoints}
@@ -133,6 +139,10 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 with state.lock:
                     self._send_json(200, list(state.requests))
                 return
+            if url.path == "/_control/hanging":
+                with state.lock:
+                    self._send_json(200, list(state.hanging.values()))
+                return
             if url.path.startswith("/_control/"):
                 self._control("GET", url.path, parse_qs(url.query), {})
                 return
@@ -144,7 +154,7 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             served = endpoint_state.serve(Request(
                 url.path.removeprefix(endpoint.path), url.query, self.headers))
             fault = state.next_fault(endpoint.route, served.match_text, served.page)
-            status = self._serve(served, fault, endpoint_state)
+            status = self._serve(served, fault, endpoint_state, endpoint.route)
             with state.lock:
                 state.requests.append({"route": endpoint.route, "query": url.query,
                                        "at": time.time(), "status": status,
@@ -156,6 +166,12 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             path = urlsplit(self.path).path
             if path == "/_control/faults":
                 self._queue_fault(body)
+            elif path == "/_control/faults/release":
+                with state.lock:
+                    released, state.release = state.release, threading.Event()
+                    count = len(state.hanging)
+                released.set()
+                self._send_json(200, {"released": count})
             else:
                 self._control("POST", path, {}, body)
 
@@ -215,8 +231,8 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                     200, json.dumps(result, ensure_ascii=False).encode(),
                     "application/json; charset=utf-8"))
 
-        def _serve(self, served: Served, fault: Fault | None,
-                   endpoint_state: EndpointState) -> int:
+        def _serve(self, served: Served, fault: Fault | None, endpoint_state: EndpointState,
+                   route: str) -> int:
             reply = served.reply
             if fault is None:
                 return self._send(reply)
@@ -230,7 +246,7 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 code = int(options.get("status", 503))
                 return self._send(Reply(code, f"fault {code}".encode(), "text/plain", headers))
             if kind == "hang":
-                time.sleep(float(options.get("seconds", 30)))
+                self._hang(float(options.get("seconds", 30)), route, served.match_text)
                 return self._send(reply)
             if kind == "drop":
                 self.send_response(200)
@@ -267,6 +283,17 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 return self._send(Reply(int(options.get("status", 200)), content,
                                         options.get("content_type", reply.content_type)))
             return self._send(Reply(500, f"unknown fault {kind}".encode(), "text/plain"))
+
+        def _hang(self, seconds: float, route: str, match_text: str) -> None:
+            key = id(self)
+            with state.lock:
+                release = state.release
+                state.hanging[key] = {"route": route, "query": match_text, "since": time.time()}
+            try:
+                release.wait(seconds)
+            finally:
+                with state.lock:
+                    state.hanging.pop(key, None)
 
         def _send(self, reply: Reply) -> int:
             self.send_response(reply.status)
@@ -366,6 +393,15 @@ class StandinClient:
 
     def clear_faults(self) -> None:
         self._http.delete("/_control/faults").raise_for_status()
+
+    def hanging(self, route: str | None = None) -> list[dict[str, Any]]:
+        """The requests hanging now (route, query, since)."""
+        hanging = self._http.get("/_control/hanging").json()
+        return [r for r in hanging if route is None or r["route"] == route]
+
+    def release_hangs(self) -> int:
+        """Let every request hanging now answer at once; how many there were."""
+        return self._post("/_control/faults/release", {})["released"]
 
     def requests(self, route: str | None = None) -> list[dict[str, Any]]:
         served = self._http.get("/_control/requests").json()

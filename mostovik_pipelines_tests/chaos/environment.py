@@ -50,6 +50,7 @@ from dagster import (
 from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
 
 from mostovik_pipelines import definitions
+from mostovik_pipelines.etl.factory import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines.etl.recovery import (
     CODE_LOCATION_ATTRIBUTE,
     CODE_LOCATION_MODULE,
@@ -57,6 +58,7 @@ from mostovik_pipelines.etl.recovery import (
     rerun_from_failure,
 )
 from mostovik_pipelines.etl.run_claims import hold_run_claim
+from mostovik_pipelines.etl.runs_in_flight import LAUNCH_GRACE_SECONDS
 from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG, STATUS_TAG
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
@@ -311,6 +313,26 @@ class ChaosEnvironment:
         return run_id is not None and any(
             "waiting for run" in (entry.user_message or "")
             for entry in self.instance.all_logs(run_id))
+
+    def late_waits_for(self, handle: RunHandle, dead_run_ids: list[str]) -> list[str]:
+        """The run's waits for a dead run past that run's launch grace: each logged "waiting for
+        run(s)" naming one of ``dead_run_ids`` later than the grace after the dead run's last
+        change and one poll (a wait is logged right after its check)."""
+        run_id = self.run_id_of(handle)
+        if run_id is None:
+            return []
+        bounds = {}
+        for dead in dead_run_ids:
+            record = self.instance.get_run_record_by_id(dead)
+            if record is not None:
+                changed = max(record.create_timestamp.timestamp(),
+                              record.update_timestamp.timestamp(), record.start_time or 0.0)
+                bounds[dead] = changed + LAUNCH_GRACE_SECONDS + CONCURRENT_RUN_POLL_SECONDS
+        return [f"{dead} {entry.timestamp - bound:.0f} s past its grace"
+                for entry in self.instance.all_logs(run_id)
+                if "waiting for run(s)" in (entry.user_message or "")
+                for dead, bound in bounds.items()
+                if dead in entry.user_message and entry.timestamp > bound]
 
     def run_status(self, handle: RunHandle) -> DagsterRunStatus | None:
         run_id = self.run_id_of(handle)

@@ -104,8 +104,10 @@ REEXECUTION_SHARE = 0.3
 LEFT_STARTED_SHARE = 0.2
 """Killed runs left "started" in run storage, as nothing records a killed `dagster job
 execute`; the rest are recorded as failed, as run monitoring does for daemon-launched runs."""
-CHECK_TIMEOUT_SECONDS = 30.0
-BLOCKED_AFTER_SECONDS = 20.0
+CHECK_TIMEOUT_SECONDS = 120.0
+"""What the liveness check's run is given before it counts as blocked (and is killed): far more
+than a free partition's run needs even on a loaded machine. Whether a dead run held the
+partition is read from the run's own log (:meth:`ChaosEnvironment.late_waits_for`)."""
 ROW_COLUMNS = ("partition_date, rate_date, cbr_id, num_code, char_code, nominal, name, "
                "value::text, unit_rate::text")
 CHAR_CODE = 4
@@ -248,9 +250,10 @@ class ChaosSuite:
         """Partition -> its finished runs (single or ranged), oldest first."""
         self._references: dict[tuple, tuple] = {}
         self._killed_in_scenario = False
-        self._probe: tuple[float, bool, bool] | None = None
-        """The first fresh warm run of the scenario's partitions after its last kill: seconds it
-        took, whether it waited for an older run, whether it had to be killed."""
+        self._killed_runs: list[str] = []
+        """The runs killed in this scenario (those that had a run id by then)."""
+        self._probe: RunHandle | None = None
+        """The first fresh warm run of the scenario's partitions after its last kill."""
         self._cli_kill_in_scenario = False
         env.standin.clear_faults()
         env.standin.reset_cbr_rates()
@@ -277,6 +280,7 @@ class ChaosSuite:
         rng = random.Random(f"{self.seed}:{number}")
         cli = rng.random() < self.cli_share
         self._killed_in_scenario = False
+        self._killed_runs = []
         self._probe = None
         if not cli and rng.random() < RANGED_SHARE:
             notes: list[str] = []
@@ -601,6 +605,7 @@ class ChaosSuite:
             return False
         self.totals.kills[point] += 1
         self._killed_in_scenario = True
+        self._killed_runs += [run_id for run_id in [self.env.run_id_of(handle)] if run_id]
         self._probe = None
         if handle.kind == "cli":
             self.totals.cli_kills += 1
@@ -616,10 +621,9 @@ class ChaosSuite:
             if attempt:
                 self.env.standin.clear_faults()
             self.totals.settle_runs += 1
-            started = time.monotonic()
             handle = self._start_warm(scope)
             status = self._finish(handle)
-            self._observe(handle, started)
+            self._observe(handle)
             if status == DagsterRunStatus.SUCCESS:
                 notes.append(f"settled after {attempt + 1}")
                 return
@@ -639,26 +643,25 @@ class ChaosSuite:
             notes.append(f"refreshed {','.join(due)}")
         return set(due)
 
-    def _observe(self, handle: RunHandle, started: float) -> None:
+    def _observe(self, handle: RunHandle) -> None:
         """Take the run as the scenario's liveness probe if it is the first fresh run of its
         partitions since the last kill."""
         if self._killed_in_scenario and self._probe is None:
-            self._probe = (time.monotonic() - started, self.env.waited_for_older_run(handle),
-                           handle.killed)
+            self._probe = handle
 
     def _check_not_blocked(self, scope: tuple[str, ...], notes: list[str]) -> list[str]:
         """After a kill, no dead run may hold the partitions: the first fresh run of them since
-        the last kill (a settling re-run, else one started here, given 30 s) must end within
-        30 s and wait at most 20 s for older runs (a run that died before its first step counts
-        as alive for 10 s). Returns the problems, a check run's outcome compared too."""
+        the last kill (a settling re-run, else one started here) may wait for a killed run only
+        within its launch grace (a run that died before its first step counts as alive for
+        10 s after its last change; one that died later, not at all), as its own log records,
+        and must end. Returns the problems, a check run's outcome compared too."""
         self.totals.liveness_checks += 1
         problems = []
         if self._probe is None:
             self.totals.liveness_runs += 1
-            started = time.monotonic()
             handle = self._start_warm(scope)
             handle.wait(timeout=CHECK_TIMEOUT_SECONDS)
-            self._observe(handle, started)
+            self._observe(handle)
             status = self._finish(handle)
             if status == DagsterRunStatus.SUCCESS:
                 problems += [f"after the liveness check, {problem}"
@@ -666,13 +669,13 @@ class ChaosSuite:
             elif not handle.killed:
                 problems.append(f"the liveness check's run ended {_status_text(status)}")
         assert self._probe is not None
-        took, waited, killed = self._probe
-        notes.append(f"free {took:.1f}s{' waited' if waited else ''}")
-        if killed or took > CHECK_TIMEOUT_SECONDS or (waited and took > BLOCKED_AFTER_SECONDS):
+        late = self.env.late_waits_for(self._probe, self._killed_runs)
+        waited = self.env.waited_for_older_run(self._probe)
+        notes.append(f"free{' after waiting' if waited else ''}")
+        if self._probe.killed or late:
             self.totals.blocked += 1
             problems.append(f"{scope[0]} blocked: the first run after the kill "
-                            f"{'waited' if waited else 'ran'} {took:.0f}s"
-                            f"{' and was killed' if killed else ''}")
+                            f"{'waited for ' + '; '.join(late) if late else 'never ended'}")
         return problems
 
     # --- the judge ----------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from mostovik_pipelines_tests.support.inbox import (
 from mostovik_pipelines_tests.support.locations import code_location_for
 
 MANY_FILES = 10_000
-TICK_BUDGET_SECONDS = 2.0
 
 
 @pytest.fixture
@@ -165,7 +164,10 @@ def test_a_file_gone_before_it_is_hashed_is_asked_for_next_time(sensor, inbox, m
     assert len(sensor.tick().run_requests) == 1
 
 
-def test_a_tick_over_ten_thousand_waiting_files_none_new_is_fast(sensor, inbox, hashed):
+def test_a_tick_over_ten_thousand_waiting_files_none_new_reads_none_of_them(
+    sensor, inbox, hashed
+):
+    """Its time is a ``make bench`` figure (benchmarks/files.py); here, what keeps it short."""
     inbox.mkdir(parents=True)
     for index in range(MANY_FILES):
         (inbox / f"Поставки {index:05d}.csv").write_bytes(f"report {index}\n".encode())
@@ -183,8 +185,6 @@ def test_a_tick_over_ten_thousand_waiting_files_none_new_is_fast(sensor, inbox, 
         timings.append(time.perf_counter() - started)
         assert result.run_requests == [] and result.dynamic_partitions_requests == []
     assert hashed == []
-    tick = min(timings)
     print(f"\ninbox sensor, {MANY_FILES:,} files: first tick (hashes all, adds partitions) "
           f"{first_tick:.2f} s; ticks with none new {', '.join(f'{t:.3f}' for t in timings)} s; "
           f"cursor {len(sensor.cursor or ''):,} characters")
-    assert tick < TICK_BUDGET_SECONDS, f"{MANY_FILES:,} unchanged files: a tick took {tick:.2f} s"

@@ -19,6 +19,11 @@ from mostovik_pipelines_tests.support.processes import (
     start_range_materialize,
 )
 from mostovik_pipelines_tests.support.runs import load_metadata
+from mostovik_pipelines_tests.support.waiting import (
+    PROCESS_START_MARGIN_SECONDS,
+    wait_for_hanging_request,
+    wait_until,
+)
 from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
 
 pytestmark = pytest.mark.slow
@@ -39,6 +44,17 @@ def _messages(instance: DagsterInstance, run_id: str) -> list[str]:
     return [r.event_log_entry.user_message for r in instance.get_records_for_run(run_id).records]
 
 
+def _wait_for_a_run_waiting(instance: DagsterInstance) -> str:
+    """The run id of a run whose log says it is waiting for another run of its partition."""
+    def waiting() -> str | None:
+        for record in instance.get_run_records(RunsFilter(job_name="cbr_daily_rates_job")):
+            run_id = record.dagster_run.run_id
+            if any("waiting for run(s)" in m for m in _messages(instance, run_id)):
+                return run_id
+        return None
+    return wait_until(waiting, PROCESS_START_MARGIN_SECONDS, "a run waiting for another")
+
+
 def _finish(process, timeout: float = 180) -> str:
     output, _ = process.communicate(timeout=timeout)
     assert process.returncode == 0, output[-3000:]
@@ -49,12 +65,16 @@ def test_two_executions_of_one_partition_load_once_and_the_younger_waits(
     env, tmp_path, pg_warehouse_url, standin, monkeypatch
 ):
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
-    standin.fault("hang", seconds=3, times=1)  # keep the first run busy while the other starts
+    # The first run to fetch is held in its fetch until the other is seen waiting for it.
+    standin.fault("hang", seconds=300, times=1)
     first = start_job_execute(PARTITION, env, tmp_path)
     second = start_job_execute(PARTITION, env, tmp_path)
+    instance = _instance(env)
+    wait_for_hanging_request(standin)
+    _wait_for_a_run_waiting(instance)
+    standin.release_hangs()
     _finish(first), _finish(second)
 
-    instance = _instance(env)
     records = sorted(instance.get_run_records(RunsFilter(job_name="cbr_daily_rates_job")),
                      key=lambda r: r.create_timestamp)
     older, younger = (r.dagster_run for r in records)
@@ -70,9 +90,12 @@ def test_two_executions_of_one_partition_load_once_and_the_younger_waits(
 def test_executions_of_different_partitions_do_not_wait_for_each_other(
     env, tmp_path, pg_warehouse_url, standin, monkeypatch
 ):
-    standin.fault("hang", seconds=3, times=1, match="date_req=04/11/2026")
-    standin.fault("hang", seconds=3, times=1, match="date_req=05/11/2026")
+    standin.fault("hang", seconds=300, times=1, match="date_req=04/11/2026")
+    standin.fault("hang", seconds=300, times=1, match="date_req=05/11/2026")
     processes = [start_job_execute(p, env, tmp_path) for p in (PARTITION, "2026-11-05")]
+    # Both inside their fetch at once: neither waited for the other to get there.
+    wait_for_hanging_request(standin, "date_req=", count=2)
+    standin.release_hangs()
     for process in processes:
         _finish(process)
     instance = _instance(env)
@@ -86,13 +109,15 @@ def test_executions_of_different_partitions_do_not_wait_for_each_other(
 def test_a_run_during_a_backfill_over_its_partition_waits_and_the_table_is_consistent(
     env, tmp_path, pg_warehouse_url, standin
 ):
-    standin.fault("hang", seconds=4, times=1, match="date_req=03/11/2026")
+    standin.fault("hang", seconds=300, times=1, match="date_req=03/11/2026")
     backfill = start_range_materialize("2026-11-02", "2026-11-06", env, tmp_path)
-    time.sleep(1.5)
+    wait_for_hanging_request(standin, "date_req=03/11/2026")  # the backfill is under way
     single = start_job_execute(PARTITION, env, tmp_path)
+    instance = _instance(env)
+    _wait_for_a_run_waiting(instance)
+    standin.release_hangs()
     _finish(backfill), _finish(single)
 
-    instance = _instance(env)
     runs = instance.get_runs()
     assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS}
     single_run = next(r for r in runs if r.tags.get("dagster/partition") == PARTITION)

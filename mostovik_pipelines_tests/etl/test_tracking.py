@@ -161,7 +161,8 @@ def test_a_run_started_with_its_parents_status_shows_its_own(cbr_job, run_storag
     would stay "completed")."""
     import threading
 
-    standin.fault("hang", seconds=3, match="date_req=06/11/2026")
+    # The run is held in its fetch until the watcher has seen it running.
+    standin.fault("hang", seconds=300, match="date_req=06/11/2026")
     seen: list[str | None] = []
     done = threading.Event()
 
@@ -170,6 +171,8 @@ def test_a_run_started_with_its_parents_status_shows_its_own(cbr_job, run_storag
             runs = run_storage.get_runs(limit=1)
             if runs and runs[0].status is DagsterRunStatus.STARTED:
                 seen.append(runs[0].tags.get("mostovik/status"))
+                if "running" in seen and standin.hanging():
+                    standin.release_hangs()
             done.wait(0.2)
 
     watcher = threading.Thread(target=watch)

@@ -33,6 +33,7 @@ from dagster import DagsterInstance
 
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import DAGSTER, REPO
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, limit_for
 
 BIN = Path(DAGSTER).parent
 LOCATION_NAME = "mostovik_pipelines"
@@ -43,6 +44,14 @@ TERMINAL_BACKFILL_STATUSES = frozenset(
     {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 )
 LOG_TAIL_CHARS = 4000
+BACKFILL_DAEMON_INTERVAL_SECONDS = 30
+"""How often Dagster's backfill daemon looks at a backfill (its own default, not configurable):
+one pass launches the runs whose partitions are due, a later one marks the backfill done."""
+RUN_QUEUE_INTERVAL_SECONDS = 5
+"""How often the daemon's run queue launches queued runs (QueuedRunCoordinator's default)."""
+BACKFILL_LIMIT_SECONDS = limit_for(BACKFILL_DAEMON_INTERVAL_SECONDS, ticks=3)
+RUN_LIMIT_SECONDS = limit_for(RUN_QUEUE_INTERVAL_SECONDS) + PROCESS_START_MARGIN_SECONDS
+"""A queued run: launched by the queue, its worker process started, its steps run."""
 ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -698,7 +707,8 @@ class DagsterGraphQL:
         """The runs a backfill launched (tagged ``dagster/backfill``), newest first."""
         return self.runs({"tags": [{"key": "dagster/backfill", "value": backfill_id}]})
 
-    def wait_for_backfill_runs(self, backfill_id: str, timeout: float = 90) -> list[RunInfo]:
+    def wait_for_backfill_runs(self, backfill_id: str,
+                               timeout: float = BACKFILL_LIMIT_SECONDS) -> list[RunInfo]:
         """The backfill's runs once the daemon has launched one and they are all finished,
         without waiting for the daemon to mark the backfill itself finished (its next pass)."""
         deadline = time.monotonic() + timeout
@@ -774,7 +784,7 @@ class DagsterGraphQL:
             messages.append(": ".join(part.strip() for part in parts if part))
         return messages
 
-    def wait_for_run(self, run_id: str, timeout: float = 120) -> RunInfo:
+    def wait_for_run(self, run_id: str, timeout: float = RUN_LIMIT_SECONDS) -> RunInfo:
         """The run once it is SUCCESS, FAILURE or CANCELED; fails after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
@@ -787,7 +797,8 @@ class DagsterGraphQL:
                 )
             time.sleep(0.5)
 
-    def wait_for_backfill(self, backfill_id: str, timeout: float = 150) -> BackfillInfo:
+    def wait_for_backfill(self, backfill_id: str,
+                          timeout: float = BACKFILL_LIMIT_SECONDS) -> BackfillInfo:
         """The backfill once the daemon has finished it; fails after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
@@ -841,8 +852,10 @@ class DagsterGraphQL:
         }})["sensorOrError"], "Sensor")
         return sensor["sensorState"]["ticks"]
 
-    def wait_for_sensor_tick(self, sensor_name: str, timeout: float = 60) -> None:
-        """Once the daemon has evaluated the sensor at least once."""
+    def wait_for_sensor_tick(self, sensor_name: str, interval_seconds: float) -> None:
+        """Once the daemon has evaluated the sensor (every ``interval_seconds``) at least
+        once."""
+        timeout = limit_for(interval_seconds)
         deadline = time.monotonic() + timeout
         while not self.sensor_ticks(sensor_name):
             if time.monotonic() > deadline:
@@ -850,8 +863,11 @@ class DagsterGraphQL:
                                      f"{self.diagnostics()}")
             time.sleep(1)
 
-    def wait_for_more_ticks(self, sensor_name: str, count: int, timeout: float = 60) -> None:
-        """Until the daemon has evaluated the sensor ``count`` more times than so far."""
+    def wait_for_more_ticks(self, sensor_name: str, count: int,
+                            interval_seconds: float) -> None:
+        """Until the daemon has evaluated the sensor (every ``interval_seconds``) ``count`` more
+        times than so far."""
+        timeout = limit_for(interval_seconds, count)
         seen = {tick["id"] for tick in self.sensor_ticks(sensor_name)}
         deadline = time.monotonic() + timeout
         while len({tick["id"] for tick in self.sensor_ticks(sensor_name)} - seen) < count:
