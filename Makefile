@@ -4,15 +4,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: install demo dev test system-deps bench chaos lint clean screenshots
+.PHONY: install install-dev demo dev test system-deps bench chaos lint clean screenshots
 
+# The package and what it runs with (enough for make demo and make dev).
 $(BIN)/mostovik: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+# The test, lint and dg tools on top (pytest, xdist, ruff, openpyxl, dagster-dg-cli).
+$(VENV)/.dev-installed: $(BIN)/mostovik
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
 install: $(BIN)/mostovik
+install-dev: $(VENV)/.dev-installed
 
 ## Every job kind once into the local SQLite warehouse: 7 days of each parser and 3 sync windows
 ## from the stand-in sources, and sample delivery reports through the inbox sensor.
@@ -27,29 +34,31 @@ dev: install
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 ## The test suite, whole modules spread over TEST_WORKERS processes (each starts the throw-away
-## PostgreSQL and Redis servers its tests need). TEST_WORKERS=0 runs it in this process.
-TEST_WORKERS ?= 2
-test: install system-deps
+## PostgreSQL and Redis servers its tests need). Three on two cores: the webserver, daemon and
+## Celery modules spend most of their time waiting on daemons and workers, and a third process
+## uses it. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 3
+test: install-dev system-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## What the test servers need on this machine, once, before any test worker starts: the Debian
 ## packages postgresql and redis-server (installed with apt when run as root; otherwise named)
 ## and, as root, the system user that owns the throw-away PostgreSQL clusters; then checked.
-system-deps: install
+system-deps: install-dev
 	$(BIN)/python -m mostovik_pipelines_tests.support.machine
 
 ## Loader and orchestration benchmarks against a throw-away PostgreSQL (see benchmarks/README.md).
-bench: install
+bench: install-dev
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 ## The randomized reliability suite: crashes, faults and duplicates against real PostgreSQL.
-chaos: install
+chaos: install-dev
 	$(BIN)/python -m mostovik_pipelines_tests.chaos $(CHAOS_ARGS)
 
 ## Screenshots of the Dagster UI on 30 days of demo data into docs/screenshots/ (headless
 ## Chromium, the Debian package chromium; installed with apt when run as root).
-screenshots: install
+screenshots: install-dev
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
@@ -57,7 +66,7 @@ screenshots: install
 	$(BIN)/mostovik demo --days 30
 	$(BIN)/python scripts/screenshots.py --out docs/screenshots
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check mostovik_pipelines mostovik_pipelines_tests
 
 clean:

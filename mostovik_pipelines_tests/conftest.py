@@ -18,6 +18,7 @@ from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 TEMPLATE_DB = "mostovik_template"
 LONGEST_FIRST = ("test_chaos.py", "test_webserver.py", "test_chaos_sync_and_files.py",
@@ -82,15 +83,20 @@ def standin_server() -> Iterator[StandinServer]:
 
 @pytest.fixture
 def standin(standin_server: StandinServer) -> Iterator[StandinClient]:
-    """The stand-in, with no faults, no changes and no remembered requests."""
+    """The stand-in, with no faults, no changes, no request hanging from an earlier test and no
+    remembered requests."""
     client = StandinClient(standin_server.url)
     routes = [endpoint.route for endpoint in standin_server.endpoints.values()]
     client.clear_faults()
+    client.release_hangs()
     for route in routes:
         client.reset(route)
+    wait_until(lambda: not client.hanging(), PROCESS_START_MARGIN_SECONDS,
+               "the requests hanging at the stand-in answered")
     client.forget_requests()
     yield client
     client.clear_faults()
+    client.release_hangs()
     for route in routes:
         client.reset(route)
 

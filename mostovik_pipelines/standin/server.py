@@ -154,12 +154,17 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             served = endpoint_state.serve(Request(
                 url.path.removeprefix(endpoint.path), url.query, self.headers))
             fault = state.next_fault(endpoint.route, served.match_text, served.page)
-            status = self._serve(served, fault, endpoint_state, endpoint.route)
-            with state.lock:
-                state.requests.append({"route": endpoint.route, "query": url.query,
-                                       "at": time.time(), "status": status,
-                                       "fault": fault.kind if fault else None,
-                                       "page": served.page})
+            try:
+                status = self._serve(served, fault, endpoint_state, endpoint.route)
+                with state.lock:
+                    state.requests.append({"route": endpoint.route, "query": url.query,
+                                           "at": time.time(), "status": status,
+                                           "fault": fault.kind if fault else None,
+                                           "page": served.page})
+            finally:
+                # A request stops hanging once it is in the log (or its client has gone).
+                with state.lock:
+                    state.hanging.pop(id(self), None)
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -285,15 +290,11 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             return self._send(Reply(500, f"unknown fault {kind}".encode(), "text/plain"))
 
         def _hang(self, seconds: float, route: str, match_text: str) -> None:
-            key = id(self)
             with state.lock:
                 release = state.release
-                state.hanging[key] = {"route": route, "query": match_text, "since": time.time()}
-            try:
-                release.wait(seconds)
-            finally:
-                with state.lock:
-                    state.hanging.pop(key, None)
+                state.hanging[id(self)] = {"route": route, "query": match_text,
+                                           "since": time.time()}
+            release.wait(seconds)
 
         def _send(self, reply: Reply) -> int:
             self.send_response(reply.status)
