@@ -5,6 +5,10 @@ stops.
 Alive means: in progress in run storage and holding its claim (:mod:`.run_claims`), or launched
 so recently that it may not have taken its claim yet (:data:`LAUNCH_GRACE_SECONDS`). A run whose
 process died, on this host or any other, frees its partitions within that grace.
+
+A run that storage says failed is alive too while it holds its claim: Dagster's run monitoring
+marks a ``dagster job execute`` run past ``dagster/max_runtime`` failed without being able to
+stop its process, which goes on loading (:data:`FAILED_BUT_ALIVE_LOOKBACK_SECONDS`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ IN_FLIGHT = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStat
 NOT_STARTED_GRACE_SECONDS = 120
 """A run created but not started yet counts as in progress for this long: two runs launched at
 the same instant see each other even before either has started."""
+FAILED_BUT_ALIVE_LOOKBACK_SECONDS = 24 * 3600
+"""How far back failed runs are checked for a claim still held: a run failed by run monitoring
+has run past its source's ``max_runtime`` already (hours), and every claim check is a query."""
 LAUNCH_GRACE_SECONDS = 10.0
 """A run that has not started a step and holds no claim counts as alive this long after it was
 created or last changed status: between its launch and the start of its executor (process
@@ -67,11 +74,16 @@ def older_runs_in_flight(
     """Live runs of the same source sharing a partition with ``claim`` and older than it. Runs
     are ordered by (creation time, run id), so of two runs that start at the same instant
     exactly one is older: one goes first, never both or neither."""
+    now = datetime.now(UTC)
     records = [
         *instance.get_run_records(RunsFilter(statuses=IN_FLIGHT)),
         *instance.get_run_records(RunsFilter(
             statuses=[DagsterRunStatus.NOT_STARTED],
-            created_after=datetime.now(UTC) - timedelta(seconds=NOT_STARTED_GRACE_SECONDS),
+            created_after=now - timedelta(seconds=NOT_STARTED_GRACE_SECONDS),
+        )),
+        *instance.get_run_records(RunsFilter(
+            statuses=[DagsterRunStatus.FAILURE],
+            updated_after=now - timedelta(seconds=FAILED_BUT_ALIVE_LOOKBACK_SECONDS),
         )),
     ]
     mine = next((r for r in records if r.dagster_run.run_id == claim.run_id), None)
@@ -93,10 +105,13 @@ def older_runs_in_flight(
 
 
 def _alive(instance: DagsterInstance, record: RunRecord) -> bool:
-    """Holding its claim; or, before its first step (no claim taken yet), launched recently."""
+    """Holding its claim; or, in progress before its first step (no claim taken yet), launched
+    recently. A failed run only while it holds its claim."""
     run_id = record.dagster_run.run_id
     if run_claim_held(instance, run_id):
         return True
+    if record.dagster_run.status is DagsterRunStatus.FAILURE:
+        return False
     if instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_START,
                                     limit=1).records:
         return False

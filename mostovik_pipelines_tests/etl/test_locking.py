@@ -87,6 +87,33 @@ def test_two_executions_of_one_partition_load_once_and_the_younger_waits(
     assert len(table_rows(pg_warehouse_url, "cbr_daily_rates")) == 12
 
 
+def test_a_live_run_that_run_monitoring_failed_still_holds_its_partition(
+    env, tmp_path, pg_warehouse_url, standin, monkeypatch
+):
+    """Run monitoring marks a `dagster job execute` run past its max runtime failed without
+    being able to stop it: while its process lives and loads, a duplicate must wait for it."""
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    standin.fault("hang", seconds=300, times=1)
+    first = start_job_execute(PARTITION, env, tmp_path)
+    wait_for_hanging_request(standin)
+    instance = _instance(env)
+    [live] = instance.get_runs(RunsFilter(job_name="cbr_daily_rates_job"))
+    instance.report_run_failed(live, "past dagster/max_runtime")  # what run monitoring does
+    assert instance.get_run_by_id(live.run_id).status == DagsterRunStatus.FAILURE
+
+    second = start_job_execute(PARTITION, env, tmp_path)
+    assert _wait_for_a_run_waiting(instance) != live.run_id
+    standin.release_hangs()
+    first.communicate(timeout=180)  # its own outcome is past recording: storage says failed
+    _finish(second)
+    younger = next(r for r in instance.get_runs() if r.run_id != live.run_id)
+    assert younger.status == DagsterRunStatus.SUCCESS
+    assert any(f"waiting for run(s) {live.run_id}" in m
+               for m in _messages(instance, younger.run_id))
+    assert load_metadata(instance, younger.run_id)["unchanged"] == 12
+    assert len(table_rows(pg_warehouse_url, "cbr_daily_rates")) == 12
+
+
 def test_executions_of_different_partitions_do_not_wait_for_each_other(
     env, tmp_path, pg_warehouse_url, standin, monkeypatch
 ):
