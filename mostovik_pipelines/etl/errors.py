@@ -25,12 +25,18 @@ TRANSIENT_SQLSTATES = {
     "40001": "serialization failure",
     "40P01": "deadlock detected",
     "53300": "too many connections",
+    "55P03": "lock not available",
+}
+UNAVAILABLE_SQLSTATES = {
     "57P01": "admin shutdown",
     "57P02": "crash shutdown",
     "57P03": "cannot connect now",
-    "55P03": "lock not available",
 }
+"""The server is going away or not back yet (a restart, a failover): an outage, not a glitch."""
 TRANSIENT_SQLSTATE_CLASSES = {"08": "connection exception"}
+OUTAGE_KINDS = frozenset({"database_connection_lost", "broker"})
+"""Kinds of failure that mean a part we stand on is away (the warehouse or the broker restarting
+or failing over): retried for as long as the step's outage budget lasts, not a count of tries."""
 
 TRANSIENT_ERRNOS = {
     errno.EAGAIN: "resource temporarily unavailable",
@@ -154,6 +160,11 @@ class Verdict:
     def label(self) -> str:
         return "transient" if self.transient else "permanent"
 
+    @property
+    def outage(self) -> bool:
+        """A part we stand on is away: ride it out (:data:`OUTAGE_KINDS`)."""
+        return self.transient and self.kind in OUTAGE_KINDS
+
 
 def classify(exc: BaseException) -> Verdict:
     """Decide whether ``exc`` can pass by itself, and why."""
@@ -191,6 +202,9 @@ def _classify_database_error(exc: sqlalchemy.exc.DBAPIError, reason: str) -> Ver
         return Verdict(True, "database_connection_lost", reason)
     orig = exc.orig
     sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if sqlstate in UNAVAILABLE_SQLSTATES:
+        return Verdict(True, "database_connection_lost",
+                       f"{UNAVAILABLE_SQLSTATES[sqlstate]}: {reason}")
     if sqlstate in TRANSIENT_SQLSTATES:
         return Verdict(True, "database_transient", f"{TRANSIENT_SQLSTATES[sqlstate]}: {reason}")
     if sqlstate and sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES:
@@ -209,6 +223,9 @@ def _classify_database_error(exc: sqlalchemy.exc.DBAPIError, reason: str) -> Ver
 
 def _classify_driver_error(exc: psycopg.Error, reason: str) -> Verdict:
     sqlstate = exc.sqlstate
+    if sqlstate in UNAVAILABLE_SQLSTATES:
+        return Verdict(True, "database_connection_lost",
+                       f"{UNAVAILABLE_SQLSTATES[sqlstate]}: {reason}")
     if sqlstate in TRANSIENT_SQLSTATES:
         return Verdict(True, "database_transient", f"{TRANSIENT_SQLSTATES[sqlstate]}: {reason}")
     if sqlstate is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):

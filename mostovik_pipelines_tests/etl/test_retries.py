@@ -6,20 +6,29 @@ import threading
 
 import psycopg
 import pytest
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter
 
 from mostovik_pipelines.etl.locking import partition_lock_keys
-from mostovik_pipelines.etl.retries import RetryPolicy
+from mostovik_pipelines.etl.retries import RETRY_METADATA_KEY, RetryPolicy
+from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.locations import code_location_for
-from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock, dsn_of
+from mostovik_pipelines_tests.support.postgres import (
+    ThrowawayPostgres,
+    backend_waiting_on_a_lock,
+    dsn_of,
+)
+from mostovik_pipelines_tests.support.processes import run_environment, start_job_execute
 from mostovik_pipelines_tests.support.runs import (
     load_metadata,
     run_partition,
     step_attempts,
     step_failure_message,
 )
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
 
 PARTITION = "2026-11-04"
+OUTAGE_SECONDS = 20
 
 
 @pytest.fixture
@@ -195,3 +204,52 @@ def test_a_429_with_an_odd_retry_after_is_retried_with_backoff(cbr_job, instance
     result = run_partition(cbr_job, PARTITION, instance)
     assert result.success, step_failure_message(instance, result.run_id)
     assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 2
+
+
+@pytest.fixture
+def outage_warehouse():
+    """A warehouse server of its own, so that stopping it disturbs no other test."""
+    server = ThrowawayPostgres().start()
+    try:
+        migrate.upgrade(server.url())
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_warehouse_outage_of_twenty_seconds_at_the_start_of_a_run_is_ridden_out(
+    outage_warehouse, standin_server, standin, tmp_path
+):
+    """The warehouse crashes (``pg_ctl -m immediate``) before a `dagster job execute` run of a
+    partition and comes back once the run has ridden out 20 s of it: the run succeeds with the
+    partition loaded once, each wait logged with its reason (a failover takes 10 to 60 s; the
+    load step's three attempts used to fail the run within 2 s)."""
+    env = run_environment(tmp_path, outage_warehouse.url(), standin_server.cbr_url)
+    outage_warehouse.pause()
+    run = start_job_execute(PARTITION, env, tmp_path)
+    instance = DagsterInstance.from_config(env["DAGSTER_HOME"])
+
+    def ridden_out() -> float:
+        assert run.poll() is None, f"the run ended during the outage:\n{run.stdout.read()[-3000:]}"
+        waits = [retry["wait_seconds"] for retry in _retries(instance) if retry.get("outage")]
+        return sum(waits) >= OUTAGE_SECONDS and sum(waits)
+    wait_until(ridden_out, PROCESS_START_MARGIN_SECONDS + 3 * OUTAGE_SECONDS,
+               "the run riding out the warehouse's outage")
+    outage_warehouse.resume()
+    output, _ = run.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
+    assert run.returncode == 0, output[-3000:]
+
+    [record] = instance.get_run_records()
+    assert record.dagster_run.status == DagsterRunStatus.SUCCESS
+    retries = _retries(instance)
+    assert retries and all(r["kind"] == "database_connection_lost" for r in retries), retries
+    assert len(table_rows(outage_warehouse.url(), "cbr_daily_rates")) == 12
+    instance.dispose()
+
+
+def _retries(instance: DagsterInstance) -> list[dict]:
+    return [record.event_log_entry.asset_observation.metadata[RETRY_METADATA_KEY].value
+            for record in instance.get_event_records(EventRecordsFilter(
+                DagsterEventType.ASSET_OBSERVATION))
+            if RETRY_METADATA_KEY in record.event_log_entry.asset_observation.metadata]

@@ -8,6 +8,7 @@ test server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -60,19 +61,29 @@ class ThrowawayPostgres:
         self._run(require_binary("initdb"), "-D", str(self.data), "-U", SUPERUSER,
                   f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
                   "-E", "UTF8", "--locale=C.UTF-8")
-        options = " ".join([
+        self._options = " ".join([
             f"-p {self.port}", f"-k {self.socket_dir}", "-c listen_addresses=127.0.0.1",
             "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off",
             "-c max_connections=300", "-c shared_buffers=256MB",
         ])
-        self._run(require_binary("pg_ctl"), "-D", str(self.data), "-o", options,
-                  "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
+        self.resume()
         return self
+
+    def pause(self) -> None:
+        """Stop the server as a crash or failover does (``pg_ctl -m immediate``), keeping its
+        data: every connection drops, new ones are refused until :meth:`resume`."""
+        self._run(require_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the paused server again, on the same port with the same data."""
+        self._run(require_binary("pg_ctl"), "-D", str(self.data), "-o", self._options,
+                  "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
 
     def stop(self) -> None:
         try:
-            self._run(require_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
-                      "stop")
+            # A paused server is stopped already (pg_ctl then says so and exits 1).
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self.pause()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
