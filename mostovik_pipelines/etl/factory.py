@@ -45,6 +45,7 @@ from dagster import (
     AssetSelection,
     Config,
     DagsterEventType,
+    DagsterRunStatus,
     DefaultScheduleStatus,
     Definitions,
     Failure,
@@ -54,6 +55,7 @@ from dagster import (
     Output,
     RetryRequested,
     RunRequest,
+    RunsFilter,
     ScheduleEvaluationContext,
     define_asset_job,
     graph_asset,
@@ -105,8 +107,12 @@ from mostovik_pipelines.etl.spec import (
     TransformRequest,
     columns_frame,
 )
-from mostovik_pipelines.etl.sync_progress import committed_progress, save_progress
-from mostovik_pipelines.etl.tags import STATUS_TAG, business_tags
+from mostovik_pipelines.etl.sync_progress import (
+    committed_progress,
+    pages_to_resume,
+    save_progress,
+)
+from mostovik_pipelines.etl.tags import PARTITION_TAG, STATUS_TAG, business_tags
 from mostovik_pipelines.etl.tracking import (
     LOAD_COUNT_KEYS,
     JobStatus,
@@ -388,6 +394,16 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
         if progress:
             context.log.info(f"{spec.name} [{key}]: resuming after page {resumed_after} "
                              f"(committed by run {progress.run_id})")
+        if not full_resync:
+            mine = pages_to_resume(landing.pages_landed(spec.name, key), resumed_after, cursor,
+                                   lambda run_id: _stopped_midway(context, key, run_id))
+        if mine:
+            context.log.info(
+                f"{spec.name} [{key}]: taking up pages {mine[0].page}-{mine[-1].page} landed by "
+                f"run {mine[0].run_id}, which stopped before committing them")
+            cursor = _cursor(mine[-1].next_cursor)
+            if cursor is None:
+                return LandedPages(tuple(mine), resumed_after)
     pages = list(mine)
     number = resumed_after + len(pages) + 1
     resource = getattr(context.resources, source_resource_key(spec))
@@ -425,6 +441,28 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
             if raw.next_cursor is None:
                 return LandedPages(tuple(pages), resumed_after)
             cursor, number = raw.next_cursor, number + 1
+
+
+def _stopped_midway(context: OpExecutionContext, key: str, run_id: str) -> bool:
+    """Whether the pages ``run_id`` landed for partition ``key`` may be taken up by this run:
+    it is the partition's latest run before this one (a window synced since is synced afresh)
+    and it neither finished nor failed for a permanent reason (a bad page is fetched again, not
+    parsed again): it was killed, or failed transiently."""
+    if run_id == context.run_id:
+        return False
+    earlier = [record.dagster_run for record in context.instance.get_run_records(
+        RunsFilter(tags={PARTITION_TAG: key}), limit=2)
+        if record.dagster_run.run_id != context.run_id]
+    run = context.instance.get_run_by_id(run_id)
+    if run is None or run.status is DagsterRunStatus.SUCCESS or (
+            earlier and earlier[0].run_id != run_id):
+        return False
+    for entry in context.instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        failure = entry.dagster_event.step_failure_data.user_failure_data
+        error_class = failure.metadata.get("mostovik/error_class") if failure else None
+        if error_class is None or error_class.value != "transient":
+            return False
+    return True
 
 
 def _cursor(record: dict | None) -> PageCursor | None:

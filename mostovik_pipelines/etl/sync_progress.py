@@ -7,18 +7,27 @@ before data, rows lost on resume). A retry or re-run starts after the last commi
 the committed next-page token while the source still honours it, else with a window narrowed to
 start after the last committed item. The load of the last page deletes the checkpoint, so a
 finished window leaves nothing behind and its next run is a full re-sync.
+
+Pages are landed before they are committed (in groups, :attr:`SourceSpec.rows_per_commit`), so
+a run that stopped (killed, or failed for a transient reason) may have landed pages past its
+checkpoint. The next run takes them up (:func:`pages_to_resume`) instead of fetching them
+again: the chain of pages one earlier run landed that starts exactly where the checkpoint says
+the next page starts and follows page to page by cursor. It fetches from the end of that chain;
+the checkpoint still moves only with the committed rows.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from mostovik_pipelines.etl.spec import PageCursor
+from mostovik_pipelines.resources.landing import LandedPayload
 from mostovik_pipelines.warehouse.schema import sync_progress
 
 
@@ -70,3 +79,29 @@ def forget_progress(engine: Engine, source: str, partition_key: str) -> None:
     with engine.begin() as connection:
         connection.execute(delete(sync_progress).where(
             sync_progress.c.source == source, sync_progress.c.partition_key == partition_key))
+
+
+def pages_to_resume(landed: list[LandedPayload], pages_committed: int,
+                    next_cursor: PageCursor | None,
+                    resumable: Callable[[str], bool]) -> list[LandedPayload]:
+    """The longest chain of pages one run landed that continues the committed progress: its
+    first page is page ``pages_committed + 1``, fetched with ``next_cursor`` (the window's
+    start when nothing is committed), each next page fetched with the cursor the one before
+    named. Only runs ``resumable`` says may be taken up are looked at (not the running one, not
+    one that finished the window, not one that failed for a permanent reason)."""
+    by_run: dict[str, dict[int, LandedPayload]] = {}
+    for page in landed:
+        if page.page is not None and page.page > pages_committed:
+            by_run.setdefault(page.run_id, {})[page.page] = page
+    start = asdict(next_cursor) if next_cursor is not None else None
+    best: list[LandedPayload] = []
+    for run_id, pages in by_run.items():
+        chain, cursor, number = [], start, pages_committed + 1
+        while number in pages and pages[number].cursor == cursor:
+            chain.append(pages[number])
+            if pages[number].next_cursor is None:
+                break
+            cursor, number = pages[number].next_cursor, number + 1
+        if len(chain) > len(best) and resumable(run_id):
+            best = chain
+    return best

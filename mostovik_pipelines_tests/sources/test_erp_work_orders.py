@@ -18,11 +18,17 @@ import psycopg
 import pytest
 
 from mostovik_pipelines.etl.tracking import load_job
+from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.processes import DAGSTER, run_environment
 from mostovik_pipelines_tests.support.runs import run_partition
+from mostovik_pipelines_tests.support.waiting import (
+    PROCESS_START_MARGIN_SECONDS,
+    wait_for_hanging_request,
+    wait_until,
+)
 
 MOSCOW = ZoneInfo("Europe/Moscow")
 DAYS = ["2026-11-02", "2026-11-03", "2026-11-04"]
@@ -176,6 +182,8 @@ def test_a_sync_resumes_after_its_last_committed_page_and_ends_exact(
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         committed = _committed_pages(pg_warehouse_url, day)
+        landed = len(LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
+                     .pages_landed("erp_work_orders", day))
     else:
         erp.fault("expire_token", route="erp", page=4, match=f"updated_from={day}")
         committed = 0
@@ -186,10 +194,60 @@ def test_a_sync_resumes_after_its_last_committed_page_and_ends_exact(
     asked = erp.requests("erp")[asked_before:]
     if interruption == "kill":
         assert committed >= 5
-        assert len(asked) == 20 - committed, "a committed page was fetched again"
+        # Every page was landed before the load began committing: none is fetched again.
+        assert len(asked) == 20 - landed, "a landed page was fetched again"
     assert _committed_pages(pg_warehouse_url, day) is None, "a finished window keeps no checkpoint"
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
     _assert_equals_source(pg_warehouse_url, erp, [day])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("pages", "killed_after", "rows_per_commit"), [
+    (9, 5, None),  # a window under rows_per_commit: one commit, at its end
+    (9, 1, None),
+    (20, 12, "200"),  # committed two pages at a time, killed while still landing
+])
+def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
+    pages, killed_after, rows_per_commit, tmp_path, pg_warehouse_url, standin_server, erp,
+    monkeypatch
+):
+    """kill -9 while page k + 1 is asked for (pages 1..k landed): the re-run fetches only the
+    pages after k, whatever the commit grouping, and the table equals the source."""
+    day = "2026-11-06"
+    erp.set_erp_volume(day, pages * 100)
+    env = {**run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url),
+           "MOSTOVIK_ERP_URL": standin_server.erp_url}
+    if rows_per_commit:
+        env["MOSTOVIK_ERP_ROWS_PER_COMMIT"] = rows_per_commit
+    landing = LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
+    erp.fault("hang", route="erp", page=killed_after + 1, seconds=300,
+              match=f"updated_from={day}")
+    doomed = _start_sync(day, env, tmp_path)
+    wait_for_hanging_request(erp, f"updated_from={day}")
+    wait_until(lambda: len(landing.pages_landed("erp_work_orders", day)) >= killed_after,
+               PROCESS_START_MARGIN_SECONDS, f"pages 1-{killed_after} landed")
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    erp.release_hangs()
+    landed = [page.page for page in landing.pages_landed("erp_work_orders", day)]
+    assert landed == list(range(1, killed_after + 1)), landed
+
+    erp.forget_requests()
+    rerun = _start_sync(day, env, tmp_path)
+    output, _ = rerun.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
+    assert rerun.returncode == 0, output[-3000:]
+    asked = [request["page"] for request in erp.requests("erp")]
+    assert asked == list(range(killed_after + 1, pages + 1)), "a landed page was fetched again"
+    assert _committed_pages(pg_warehouse_url, day) is None, "a finished window keeps no checkpoint"
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    _assert_equals_source(pg_warehouse_url, erp, [day])
+    if killed_after == 1:
+        # The window was synced to its end since: the next run syncs it afresh, every page.
+        erp.forget_requests()
+        again = _start_sync(day, env, tmp_path)
+        output, _ = again.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
+        assert again.returncode == 0, output[-3000:]
+        assert [r["page"] for r in erp.requests("erp")] == list(range(1, pages + 1))
 
 
 def _start_sync(day: str, env: dict, cwd) -> subprocess.Popen:
