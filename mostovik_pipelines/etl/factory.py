@@ -394,9 +394,10 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
         if progress:
             context.log.info(f"{spec.name} [{key}]: resuming after page {resumed_after} "
                              f"(committed by run {progress.run_id})")
-        if not full_resync:
-            mine = pages_to_resume(landing.pages_landed(spec.name, key), resumed_after, cursor,
-                                   lambda run_id: _stopped_midway(context, key, run_id))
+        stopped = None if full_resync else _stopped_midway(context, key)
+        if stopped is not None:
+            mine = pages_to_resume(landing.pages_landed_by(spec.name, key, stopped),
+                                   resumed_after, cursor, landing.is_whole)
         if mine:
             context.log.info(
                 f"{spec.name} [{key}]: taking up pages {mine[0].page}-{mine[-1].page} landed by "
@@ -443,26 +444,22 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
             cursor, number = raw.next_cursor, number + 1
 
 
-def _stopped_midway(context: OpExecutionContext, key: str, run_id: str) -> bool:
-    """Whether the pages ``run_id`` landed for partition ``key`` may be taken up by this run:
-    it is the partition's latest run before this one (a window synced since is synced afresh)
-    and it neither finished nor failed for a permanent reason (a bad page is fetched again, not
-    parsed again): it was killed, or failed transiently."""
-    if run_id == context.run_id:
-        return False
+def _stopped_midway(context: OpExecutionContext, key: str) -> str | None:
+    """The partition's latest run before this one, if its landed pages may be taken up: it
+    neither finished (a window synced since is synced afresh) nor failed for a permanent reason
+    (a bad page is fetched again, not parsed again); it was killed, or failed transiently."""
     earlier = [record.dagster_run for record in context.instance.get_run_records(
         RunsFilter(tags={PARTITION_TAG: key}), limit=2)
         if record.dagster_run.run_id != context.run_id]
-    run = context.instance.get_run_by_id(run_id)
-    if run is None or run.status is DagsterRunStatus.SUCCESS or (
-            earlier and earlier[0].run_id != run_id):
-        return False
+    if not earlier or earlier[0].status is DagsterRunStatus.SUCCESS:
+        return None
+    run_id = earlier[0].run_id
     for entry in context.instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
         failure = entry.dagster_event.step_failure_data.user_failure_data
         error_class = failure.metadata.get("mostovik/error_class") if failure else None
         if error_class is None or error_class.value != "transient":
-            return False
-    return True
+            return None
+    return run_id
 
 
 def _cursor(record: dict | None) -> PageCursor | None:

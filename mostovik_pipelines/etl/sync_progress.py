@@ -10,8 +10,8 @@ finished window leaves nothing behind and its next run is a full re-sync.
 
 Pages are landed before they are committed (in groups, :attr:`SourceSpec.rows_per_commit`), so
 a run that stopped (killed, or failed for a transient reason) may have landed pages past its
-checkpoint. The next run takes them up (:func:`pages_to_resume`) instead of fetching them
-again: the chain of pages one earlier run landed that starts exactly where the checkpoint says
+checkpoint. The partition's next run takes them up (:func:`pages_to_resume`) instead of
+fetching them again: the chain of that run's pages that starts exactly where the checkpoint says
 the next page starts and follows page to page by cursor. It fetches from the end of that chain;
 the checkpoint still moves only with the committed rows.
 """
@@ -83,25 +83,18 @@ def forget_progress(engine: Engine, source: str, partition_key: str) -> None:
 
 def pages_to_resume(landed: list[LandedPayload], pages_committed: int,
                     next_cursor: PageCursor | None,
-                    resumable: Callable[[str], bool]) -> list[LandedPayload]:
-    """The longest chain of pages one run landed that continues the committed progress: its
-    first page is page ``pages_committed + 1``, fetched with ``next_cursor`` (the window's
-    start when nothing is committed), each next page fetched with the cursor the one before
-    named. Only runs ``resumable`` says may be taken up are looked at (not the running one, not
-    one that finished the window, not one that failed for a permanent reason)."""
-    by_run: dict[str, dict[int, LandedPayload]] = {}
-    for page in landed:
-        if page.page is not None and page.page > pages_committed:
-            by_run.setdefault(page.run_id, {})[page.page] = page
-    start = asdict(next_cursor) if next_cursor is not None else None
-    best: list[LandedPayload] = []
-    for run_id, pages in by_run.items():
-        chain, cursor, number = [], start, pages_committed + 1
-        while number in pages and pages[number].cursor == cursor:
-            chain.append(pages[number])
-            if pages[number].next_cursor is None:
-                break
-            cursor, number = pages[number].next_cursor, number + 1
-        if len(chain) > len(best) and resumable(run_id):
-            best = chain
-    return best
+                    whole: Callable[[LandedPayload], bool]) -> list[LandedPayload]:
+    """The chain of ``landed`` pages (one run's, in page order) that continues the committed
+    progress: its first page is page ``pages_committed + 1``, fetched with ``next_cursor`` (the
+    window's start when nothing is committed), each next page fetched with the cursor the one
+    before named, each one ``whole``. Empty when the run's pages do not continue it."""
+    pages = {page.page: page for page in landed if page.page is not None}
+    chain: list[LandedPayload] = []
+    cursor = asdict(next_cursor) if next_cursor is not None else None
+    number = pages_committed + 1
+    while number in pages and pages[number].cursor == cursor and whole(pages[number]):
+        chain.append(pages[number])
+        if pages[number].next_cursor is None:
+            break
+        cursor, number = pages[number].next_cursor, number + 1
+    return chain

@@ -110,20 +110,14 @@ class LandingStoreResource(ConfigurableResource):
         pages = [_record(path) for path in folder.glob(f"*-{run_id}-p*.json")]
         return sorted(pages, key=lambda landed: landed.page or 0)
 
-    def pages_landed(self, source: str, partition_key: str) -> list[LandedPayload]:
-        """Every page any run landed for the partition whose record and bytes are whole (a
-        machine that crashed may leave a page written but not flushed), oldest first."""
-        folder = self._partition_dir(source, partition_key) / "fetches"
-        pages = []
-        for path in sorted(folder.glob("*-p*.json")):
-            try:
-                page = _record(path)
-                whole = hashlib.sha256(Path(page.blob_path).read_bytes()).hexdigest()
-            except (OSError, ValueError, TypeError):
-                continue
-            if page.page is not None and whole == page.content_hash:
-                pages.append(page)
-        return pages
+    def is_whole(self, payload: LandedPayload) -> bool:
+        """Whether the landed bytes are there and match their hash (a machine that crashed may
+        leave a page written but not flushed)."""
+        try:
+            content = Path(payload.blob_path).read_bytes()
+        except OSError:
+            return False
+        return hashlib.sha256(content).hexdigest() == payload.content_hash
 
     def keep_frame(self, page: LandedPayload, frame) -> str:
         """Keep the validated rows of a group of pages ending with ``page`` (a pandas frame)

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 import pandas as pd
 import psycopg
 import pytest
+from dagster import DagsterInstance
 
 from mostovik_pipelines.etl.tracking import load_job
 from mostovik_pipelines.resources import LandingStoreResource
@@ -182,8 +183,9 @@ def test_a_sync_resumes_after_its_last_committed_page_and_ends_exact(
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         committed = _committed_pages(pg_warehouse_url, day)
+        [dead] = _instance_runs(env)
         landed = len(LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
-                     .pages_landed("erp_work_orders", day))
+                     .pages_landed_by("erp_work_orders", day, dead))
     else:
         erp.fault("expire_token", route="erp", page=4, match=f"updated_from={day}")
         committed = 0
@@ -224,12 +226,13 @@ def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
               match=f"updated_from={day}")
     doomed = _start_sync(day, env, tmp_path)
     wait_for_hanging_request(erp, f"updated_from={day}")
-    wait_until(lambda: len(landing.pages_landed("erp_work_orders", day)) >= killed_after,
+    [dead] = _instance_runs(env)
+    wait_until(lambda: len(landing.pages_landed_by("erp_work_orders", day, dead)) >= killed_after,
                PROCESS_START_MARGIN_SECONDS, f"pages 1-{killed_after} landed")
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait()
     erp.release_hangs()
-    landed = [page.page for page in landing.pages_landed("erp_work_orders", day)]
+    landed = [page.page for page in landing.pages_landed_by("erp_work_orders", day, dead)]
     assert landed == list(range(1, killed_after + 1)), landed
 
     erp.forget_requests()
@@ -248,6 +251,12 @@ def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
         output, _ = again.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
         assert again.returncode == 0, output[-3000:]
         assert [r["page"] for r in erp.requests("erp")] == list(range(1, pages + 1))
+
+
+def _instance_runs(env: dict) -> list[str]:
+    """The ids of the runs in the instance of ``env``, newest first."""
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        return [run.run_id for run in instance.get_runs()]
 
 
 def _start_sync(day: str, env: dict, cwd) -> subprocess.Popen:
