@@ -154,15 +154,15 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             served = endpoint_state.serve(Request(
                 url.path.removeprefix(endpoint.path), url.query, self.headers))
             fault = state.next_fault(endpoint.route, served.match_text, served.page)
+            # Logged as the reply starts to go out, before its client can read it: a client
+            # that got its answer finds the request in the log.
+            self._served = {"route": endpoint.route, "query": url.query,
+                            "fault": fault.kind if fault else None, "page": served.page}
             try:
-                status = self._serve(served, fault, endpoint_state, endpoint.route)
-                with state.lock:
-                    state.requests.append({"route": endpoint.route, "query": url.query,
-                                           "at": time.time(), "status": status,
-                                           "fault": fault.kind if fault else None,
-                                           "page": served.page})
+                self._serve(served, fault, endpoint_state, endpoint.route)
             finally:
                 # A request stops hanging once it is in the log (or its client has gone).
+                self._served = None
                 with state.lock:
                     state.hanging.pop(id(self), None)
 
@@ -254,6 +254,7 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 self._hang(float(options.get("seconds", 30)), route, served.match_text)
                 return self._send(reply)
             if kind == "drop":
+                self._log_served(200)
                 self.send_response(200)
                 self.send_header("Content-Type", reply.content_type)
                 self.send_header("Content-Length", str(len(reply.body)))
@@ -296,7 +297,14 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                                            "since": time.time()}
             release.wait(seconds)
 
+        def _log_served(self, status: int) -> None:
+            served, self._served = getattr(self, "_served", None), None
+            if served is not None:
+                with state.lock:
+                    state.requests.append({**served, "at": time.time(), "status": status})
+
         def _send(self, reply: Reply) -> int:
+            self._log_served(reply.status)
             self.send_response(reply.status)
             self.send_header("Content-Type", reply.content_type)
             self.send_header("Content-Length", str(len(reply.body)))

@@ -74,6 +74,7 @@ from dagster import (
 
 from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.etl.factory import LANDING_KEY, WAREHOUSE_KEY, source_resource_key
+from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.run_claims import hold_run_claim
 from mostovik_pipelines.etl.spec import SourceSpec
@@ -594,10 +595,7 @@ class SyncSuite:
         ws = self.ws
         patience = 90.0 if handle.kind == "cli" else 50.0
         if point == "committed":
-            wanted = rng.randint(1, max(1, pages - 1))
-            with psycopg.connect(ws.dsn, autocommit=True) as observer:
-                reached = wait_until(lambda: self._committed_by(observer, handle, window)
-                                     >= wanted, handle, patience, 0.003)
+            reached = self._held_after_its_first_commit(handle, window, patience)
         elif point == "extract":
             wanted = rng.randint(1, pages)
             reached = wait_until(lambda: self._landed_by(handle, window) >= wanted, handle,
@@ -614,6 +612,29 @@ class SyncSuite:
         self.totals.kills[point] += 1
         self.totals.cli_kills += handle.kind == "cli"
         return True
+
+    def _held_after_its_first_commit(self, handle: RunHandle, window: str,
+                                     patience: float) -> bool:
+        """Hold the run between its first commit and its next one: the window's business lock
+        is taken before the run loads, let go for its first group's transaction and taken
+        again at once (the lock queue grants it before the run's next group asks), so a kill
+        now finds the checkpoint that commit left, however slow the machine. False for a
+        window of one group (its only commit ends it) or a run that ended first."""
+        keys = partition_lock_keys(TABLE, erp_work_orders.SOURCE.load_target.partition_scope(
+            window))
+        with psycopg.connect(self.ws.dsn, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", keys)
+            try:
+                if not wait_until(lambda: _waiting_for_lock(holder), handle, patience, 0.01):
+                    return False
+                holder.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
+                holder.execute("SELECT pg_advisory_lock(%s, %s)", keys)
+                with psycopg.connect(self.ws.dsn, autocommit=True) as observer:
+                    return (self._committed_by(observer, handle, window) > 0
+                            and wait_until(lambda: _waiting_for_lock(holder), handle,
+                                           patience, 0.01))
+            finally:
+                holder.execute("SELECT pg_advisory_unlock_all()")
 
     def _committed_by(self, observer: psycopg.Connection, handle: RunHandle,
                       window: str) -> int:
@@ -886,3 +907,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _waiting_for_lock(observer: psycopg.Connection) -> bool:
+    """Whether another session of the warehouse waits for an advisory lock (a run's load)."""
+    return bool(observer.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    ).fetchone()[0])
