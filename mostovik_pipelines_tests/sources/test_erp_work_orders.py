@@ -231,7 +231,9 @@ def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
                PROCESS_START_MARGIN_SECONDS, f"pages 1-{killed_after} landed")
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait()
-    erp.release_hangs()
+    erp.release_hangs()  # the dead run's page k + 1 is answered (and logged) to no one
+    wait_until(lambda: not erp.hanging(), PROCESS_START_MARGIN_SECONDS,
+               "the dead run's hanging request answered")
     landed = [page.page for page in landing.pages_landed_by("erp_work_orders", day, dead)]
     assert landed == list(range(1, killed_after + 1)), landed
 
