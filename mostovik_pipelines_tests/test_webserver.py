@@ -51,7 +51,9 @@ SPECS = {spec.name: spec for spec in ALL_SOURCES}
 CHECKS = {spec.name: sorted(check.name for check in partition_checks(spec))
           for spec in ALL_SOURCES}
 STALE_SOURCE = "erp_work_orders"
-"""Its last sync is made three hours old before the daemon starts: past its 2-hour policy."""
+"""Its last sync is made three hours old before the daemon starts: past its 2-hour policy. Its
+hourly schedule is stopped in the UI before the daemon starts (the sync stopped): its tick at
+minute 5 of any hour the module spans would sync it and make it fresh."""
 ALERT_SENSORS = ("run_failure_alerts", "freshness_alerts", "cancelled_runs_status")
 ALERT_SENSOR_INTERVAL_SECONDS = 5
 FRESHNESS_INTERVAL_SECONDS = 5
@@ -106,7 +108,8 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook
         "FRESHNESS_DAEMON_INTERVAL_SECONDS": str(FRESHNESS_INTERVAL_SECONDS),
     })
     _last_synced_hours_ago(home, environment, STALE_SOURCE, hours=3)
-    services = DagsterServices(work_dir, home, environment)
+    services = DagsterServices(work_dir, home, environment,
+                               stopped_schedules=[f"{STALE_SOURCE}_schedule"])
     services.environment["MOSTOVIK_UI_URL"] = services.url  # the links in alerts
     try:
         with services as running:
@@ -147,8 +150,9 @@ def test_the_code_location_loads_with_its_assets_checks_jobs_schedules_and_senso
     contents = services.graphql.repository_contents()
     assert contents.asset_keys == sorted(SPECS)
     assert set(contents.jobs) >= {f"{name}_job" for name in SPECS}
-    assert contents.schedules == {f"{name}_schedule": "RUNNING"
-                                  for name, spec in SPECS.items() if spec.schedule}
+    assert contents.schedules == {
+        f"{name}_schedule": "STOPPED" if name == STALE_SOURCE else "RUNNING"
+        for name, spec in SPECS.items() if spec.schedule}
     assert SCHEDULE in contents.schedules
     assert contents.sensors == {
         **{f"{name}_inbox_sensor": "RUNNING" for name, spec in SPECS.items() if spec.sensor},

@@ -228,6 +228,27 @@ REPOSITORY_QUERY = """
   }
 """ + PYTHON_ERROR_FRAGMENT
 
+STOP_SCHEDULE_MUTATION = """
+  mutation StopRunningSchedule($id: String!) {
+    stopRunningSchedule(id: $id) {
+      __typename
+      ... on ScheduleStateResult {
+        scheduleState {
+          id
+          status
+        }
+      }
+      ... on PythonError {
+        message
+        stack
+      }
+      ... on UnauthorizedError {
+        message
+      }
+    }
+  }
+"""
+
 LAUNCH_PARTITION_BACKFILL_MUTATION = """
   mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
     launchPartitionBackfill(backfillParams: $backfillParams) {
@@ -673,6 +694,19 @@ class DagsterGraphQL:
             asset_checks=sorted(checks),
         )
 
+    def stop_schedule(self, name: str) -> None:
+        """Stop schedule ``name`` as the UI's toggle on the schedule's page does."""
+        repository = _expect(
+            self.execute(REPOSITORY_QUERY, {"repositorySelector": self._repository_selector()})[
+                "repositoryOrError"],
+            "Repository",
+        )
+        [state_id] = [s["scheduleState"]["id"] for s in repository["schedules"]
+                      if s["name"] == name]
+        result = _expect(self.execute(STOP_SCHEDULE_MUTATION, {"id": state_id})[
+            "stopRunningSchedule"], "ScheduleStateResult")
+        assert result["scheduleState"]["status"] == "STOPPED", result
+
     def launch_partition_backfill(self, asset_keys: Sequence[str | Sequence[str]],
                                   partition_names: Sequence[str]) -> str:
         """An asset backfill of ``partition_names``, as the UI's "Materialize selected" dialog
@@ -890,8 +924,10 @@ class DagsterServices:
     """
 
     def __init__(self, work_dir: Path, dagster_home: Path, environment: Mapping[str, str],
-                 *, location_name: str = LOCATION_NAME) -> None:
+                 *, location_name: str = LOCATION_NAME,
+                 stopped_schedules: Sequence[str] = ()) -> None:
         self.work_dir = work_dir
+        self.stopped_schedules = tuple(stopped_schedules)
         self.dagster_home = dagster_home
         self.environment = {**os.environ, **environment, "DAGSTER_HOME": str(dagster_home)}
         self.location_name = location_name
@@ -917,17 +953,22 @@ class DagsterServices:
 
     def start(self, timeout: float = 180) -> None:
         """Start both, then wait until the code location is loaded and every daemon the
-        instance requires is healthy."""
+        instance requires is healthy. The ``stopped_schedules`` are stopped in the UI before
+        the daemon starts, so none of them ever ticks."""
         self._write_workspace()
         self._create_instance_storage()
         self._start("webserver", [
             str(BIN / "dagster-webserver"), "--host", "127.0.0.1", "--port", str(self.port),
             "--workspace", str(self.workspace_file),
         ], self.webserver_log)
+        deadline = time.monotonic() + timeout
+        if self.stopped_schedules:
+            self._wait_for_location(deadline)
+            for name in self.stopped_schedules:
+                self.graphql.stop_schedule(name)
         self._start("daemon", [
             str(BIN / "dagster-daemon"), "run", "--workspace", str(self.workspace_file),
         ], self.daemon_log)
-        deadline = time.monotonic() + timeout
         self._wait_for_location(deadline)
         self._wait_for_daemons(deadline)
 
