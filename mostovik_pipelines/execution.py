@@ -12,6 +12,13 @@ dagster-celery waits for a step's task forever: a worker that dies while running
 lost machine) leaves its run hanging. The executor here also watches the worker of every started
 step and fails the step, and so the run, when that worker stops answering pings for
 ``MOSTOVIK_CELERY_WORKER_LOST_SECONDS``; a re-run is safe because loads are idempotent.
+
+A Redis restart or failover (the broker and the result backend) is ridden out for
+``MOSTOVIK_CELERY_OUTAGE_SECONDS`` (90 s by default): the orchestrating process keeps polling its
+steps' results and submitting the next ones, each outage logged in the run with its length, and
+fails the run naming the broker only past that budget; a worker keeps running its step and
+retries storing the result until the backend is back. Queued steps survive the restart only on
+a persistent Redis (``appendonly yes``, deploy/README).
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ BROKER_URL_ENV = "MOSTOVIK_CELERY_BROKER_URL"
 BACKEND_URL_ENV = "MOSTOVIK_CELERY_BACKEND_URL"
 WORKER_LOST_ENV = "MOSTOVIK_CELERY_WORKER_LOST_SECONDS"
 DEFAULT_WORKER_LOST_SECONDS = 60.0
+OUTAGE_ENV = "MOSTOVIK_CELERY_OUTAGE_SECONDS"
+DEFAULT_OUTAGE_SECONDS = 90.0
 
 
 def executor_from_environment() -> ExecutorDefinition:
@@ -120,10 +129,21 @@ def celery_settings() -> dict[str, Any]:
 def worker_celery_settings() -> dict[str, Any]:
     """What a worker's ``dagster_celery_config`` module holds: the shared settings plus the broker
     and backend, read from the worker's own environment at start."""
+    outage = float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS)
     return {
         **celery_settings(),
         "broker_url": os.environ[BROKER_URL_ENV],
         "result_backend": os.environ[BACKEND_URL_ENV],
+        # A step that finishes while Redis is away stores its result once it is back (otherwise
+        # the result is dropped and the run waits for it until its outage budget runs out).
+        # Celery counts retries, not seconds: backoff with full jitter up to 2 s, about 1 s a
+        # retry, so twice the budget in retries outlasts the orchestrator's wait.
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": int(2 * outage),
+        "result_backend_max_sleep_between_retries_ms": 2000,
+        # A step running when the broker connection drops goes on (the default, said aloud:
+        # Celery warns that 6.0 may change it).
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
     }
 
 
@@ -146,24 +166,29 @@ def _watched_celery_executor() -> ExecutorDefinition:
     class WatchedCeleryExecutor(CeleryExecutor):
         """dagster-celery's executor, with each submitted step's worker watched."""
 
-        def __init__(self, worker_lost_seconds: float, **kwargs: Any) -> None:
+        def __init__(self, worker_lost_seconds: float, outage_seconds: float,
+                     **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.worker_lost_seconds = worker_lost_seconds
+            self.outage_seconds = outage_seconds
 
         def execute(self, plan_context, execution_plan):
             from dagster_celery.core_execution_loop import core_celery_execution_loop
 
             liveness = _WorkerLiveness(self.worker_lost_seconds)
+            outage = _BrokerOutage(plan_context, self.outage_seconds)
 
             def submit_watched(app, context, step, queue, priority, known_state):
-                result = submit_task(app, context, step, queue, priority, known_state)
+                result = outage.ride_out(
+                    lambda: submit_task(app, context, step, queue, priority, known_state),
+                    until_done=True)
                 context.instance.report_engine_event(
                     f'Step "{step.key}" is celery task {result.id}.',
                     context.dagster_run,
                     _engine_event_data({"celery_task_id": result.id, "queue": queue}),
                     step_key=step.key,
                 )
-                return _WatchedResult(app, result, step.key, liveness)
+                return _WatchedResult(app, result, step.key, liveness, outage)
 
             return core_celery_execution_loop(
                 plan_context, execution_plan, step_execution_fn=submit_watched
@@ -182,6 +207,7 @@ def _watched_celery_executor() -> ExecutorDefinition:
             worker_lost_seconds=float(
                 os.environ.get(WORKER_LOST_ENV) or DEFAULT_WORKER_LOST_SECONDS
             ),
+            outage_seconds=float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS),
             broker=config.get("broker"),
             backend=config.get("backend"),
             config_source=config.get("config_source"),
@@ -226,19 +252,95 @@ class _WorkerLiveness:
         return any(hostname in reply for reply in replies)
 
 
+class CeleryOutageError(ConnectionError):
+    """The broker or result backend stayed unreachable past the run's outage budget."""
+
+
+_UNREACHABLE = object()
+
+
+class _BrokerOutage:
+    """Rides out a Redis outage seen by the run's orchestrating process: each call that fails
+    for a lost connection is "unreachable" (or, for a submission, tried again) until the outage
+    has lasted ``budget_seconds``; its start and end are engine events of the run."""
+
+    def __init__(self, plan_context, budget_seconds: float) -> None:
+        self._context = plan_context
+        self.budget_seconds = budget_seconds
+        self._since: float | None = None
+        self._errors: tuple[type[BaseException], ...] | None = None
+
+    def ride_out(self, call, *, until_done: bool = False):
+        """``call()``; while the broker is away, :data:`_UNREACHABLE` (or, ``until_done``, wait
+        and call again)."""
+        while True:
+            try:
+                result = call()
+            except self._connection_errors() as error:
+                self._unreachable(error)
+                if not until_done:
+                    return _UNREACHABLE
+                time.sleep(1.0)
+                continue
+            if self._since is not None:
+                self._report(f"Celery broker and result backend reachable again after "
+                             f"{time.monotonic() - self._since:.0f} s.")
+                self._since = None
+            return result
+
+    def _unreachable(self, error: BaseException) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            self._report(f"Celery broker or result backend unreachable "
+                         f"({type(error).__name__}: {error}); waiting up to "
+                         f"{self.budget_seconds:.0f} s ({OUTAGE_ENV}) for it to come back.")
+        elif now - self._since > self.budget_seconds:
+            raise CeleryOutageError(
+                f"the Celery broker or result backend has been unreachable for "
+                f"{now - self._since:.0f} s, past the {self.budget_seconds:.0f} s a run rides "
+                f"out ({OUTAGE_ENV}): {type(error).__name__}: {error}. The steps that finished "
+                "are recorded; re-run the partition once Redis is back, the load is idempotent."
+            ) from error
+
+    def _connection_errors(self) -> tuple[type[BaseException], ...]:
+        if self._errors is None:
+            from kombu.exceptions import OperationalError
+
+            errors: tuple[type[BaseException], ...] = (OperationalError, ConnectionError)
+            try:
+                import redis.exceptions
+            except ImportError:  # a broker other than Redis
+                pass
+            else:
+                errors += (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+            self._errors = errors
+        return self._errors
+
+    def _report(self, message: str) -> None:
+        self._context.instance.report_engine_event(message, self._context.dagster_run)
+
+
 class _WatchedResult:
-    """A step's Celery result that is also "ready", as a failure, once its worker is lost.
+    """A step's Celery result that is also "ready", as a failure, once its worker is lost, and
+    not ready while the broker is away.
 
     dagster-celery's loop only calls ``ready()``, ``get()`` and ``revoke()``."""
 
-    def __init__(self, app, result, step_key: str, liveness: _WorkerLiveness) -> None:
+    def __init__(self, app, result, step_key: str, liveness: _WorkerLiveness,
+                 outage: _BrokerOutage) -> None:
         self._app = app
         self._result = result
         self._step_key = step_key
         self._liveness = liveness
+        self._outage = outage
         self._lost: str | None = None
 
     def ready(self) -> bool:
+        ready = self._outage.ride_out(self._ready)
+        return False if ready is _UNREACHABLE else ready
+
+    def _ready(self) -> bool:
         if self._result.ready():
             return True
         if self._result.state != "STARTED":
@@ -265,7 +367,7 @@ class _WatchedResult:
             from celery.exceptions import WorkerLostError
 
             raise WorkerLostError(self._lost)
-        return self._result.get()
+        return self._outage.ride_out(self._result.get, until_done=True)
 
     def revoke(self) -> None:
-        self._result.revoke()
+        self._outage.ride_out(self._result.revoke, until_done=True)

@@ -26,7 +26,7 @@ from dagster._core.events import RunFailureReason
 from dagster._serdes import serialize_value
 
 from mostovik_pipelines.etl.locking import partition_lock_keys
-from mostovik_pipelines.execution import current_celery_task_id
+from mostovik_pipelines.execution import OUTAGE_ENV, current_celery_task_id
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
@@ -61,6 +61,9 @@ CASE_TAG = "mostovik_test/case"
 BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04", "2026-11-05", "2026-11-06"]
 KILLED_PARTITION = "2026-11-09"
 RETRIED_PARTITION = "2026-11-10"
+BROKER_RESTART = ["2026-11-16", "2026-11-17", "2026-11-18", "2026-11-19", "2026-11-20"]
+BROKER_DOWN_SECONDS = 20
+OUTAGE_BUDGET_PARTITION = "2026-11-23"
 BOOKKEEPING = {"loaded_by_run", "loaded_at", "changed_by_run", "changed_at"}
 WORKER_LOST_SECONDS = 10
 
@@ -83,12 +86,14 @@ class Deployment:
         self.workers[name] = worker.start(self.environment, cwd=self.work_dir)
         return worker
 
-    def start_run(self, *args: str, **tags: str) -> subprocess.Popen:
-        """``dagster job execute *args`` with ``tags``, in a process of its own."""
+    def start_run(self, *args: str, settings: dict[str, str] | None = None,
+                  **tags: str) -> subprocess.Popen:
+        """``dagster job execute *args`` with ``tags``, in a process of its own, with the
+        deployment's environment and ``settings``."""
         tag_args = ["--tags", json.dumps(tags)] if tags else []
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "job", "execute", *args, *tag_args],
-            env={**os.environ, **self.environment}, cwd=self.work_dir,
+            env={**os.environ, **self.environment, **(settings or {})}, cwd=self.work_dir,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         self.runs.append(process)
@@ -146,7 +151,8 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[ThrowawayRedis]:
-    server = ThrowawayRedis().start()
+    """Persistent, as deploy/README sets up Redis: a restart keeps the queue and the results."""
+    server = ThrowawayRedis(persistent=True).start()
     try:
         yield server
     finally:
@@ -174,6 +180,9 @@ def deployment(
         "MOSTOVIK_CELERY_WORKER_LOST_SECONDS": str(WORKER_LOST_SECONDS),
         "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
         "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+        # Tests hold fetches at the stand-in until other runs have started (five run processes
+        # take a minute or more on a loaded 2-core machine): longer than any of their waits.
+        "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(PROCESS_START_MARGIN_SECONDS * 3),
         "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
         "MOSTOVIK_STORAGE_DIR": str(work_dir / "shared" / "storage"),
         "MOSTOVIK_LANDING_DIR": str(work_dir / "shared" / "landing"),
@@ -291,7 +300,9 @@ def test_a_run_waiting_for_another_does_not_starve_it_of_the_only_worker(deploym
     the run it waits for still gets the worker for its next steps."""
     drained, serving = deployment.workers["worker-a"], deployment.workers["worker-b"]
     partition = "2026-11-12"
-    # The first run is held in its fetch until the duplicate is seen waiting for it.
+    # The first run holds the only worker in its fetch until the duplicate's first step waits
+    # in the queue: once the fetch answers, that step is the next the worker takes, and finds
+    # the first run in flight.
     standin.fault("hang", seconds=300, match="date_req=12/11/2026")
     deployment.celery("control", "--timeout", "20", "--destination", drained.hostname,
                       "cancel_consumer", "dagster")
@@ -302,10 +313,9 @@ def test_a_run_waiting_for_another_does_not_starve_it_of_the_only_worker(deploym
                                                    CASE_TAG: "duplicate"})
         with deployment.instance() as instance:
             wait_until(lambda: any(
-                "waiting for run(s)" in (record.user_message or "")
-                for run in instance.get_runs(RunsFilter(tags={CASE_TAG: "duplicate"}))
-                for record in instance.all_logs(run.run_id)),
-                PROCESS_START_MARGIN_SECONDS, "the duplicate waiting for the first run")
+                _submissions(instance, run.run_id)
+                for run in instance.get_runs(RunsFilter(tags={CASE_TAG: "duplicate"}))),
+                PROCESS_START_MARGIN_SECONDS, "the duplicate's first step queued")
         standin.release_hangs()
         assert deployment.finish(first, timeout=120) == 0, deployment.outputs[-1][-3000:]
         assert deployment.finish(second, timeout=120) == 0, deployment.outputs[-1][-3000:]
@@ -322,6 +332,95 @@ def test_a_run_waiting_for_another_does_not_starve_it_of_the_only_worker(deploym
     assert any(f"waiting for run(s) {older.run_id}" in m for m in messages)
     assert older.status == younger.status == DagsterRunStatus.SUCCESS
     assert serving.succeeded_task_ids()
+
+
+def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_loses_no_step(
+    deployment, redis_server, standin, standin_server, pg_warehouse_url, tmp_path
+):
+    """Redis, broker and result backend, killed while two runs' first steps run on the two
+    workers and three runs' steps wait in its queue, and started again 20 s later: the
+    orchestrating processes wait it out, each step runs once, every run succeeds."""
+    # The first two fetches are held until the broker is down: their workers finish them and
+    # store the results during the outage.
+    standin.fault("hang", seconds=300, match="/11/2026", times=2)
+    processes = [deployment.start_run(*CBR_JOB, **{PARTITION_TAG: partition,
+                                                   CASE_TAG: "broker-restart"})
+                 for partition in BROKER_RESTART]
+    wait_for_hanging_request(standin, "/11/2026", count=2)
+    with deployment.instance() as instance:
+        # Every run has submitted its first step: the three not running wait in the queue.
+        wait_until(lambda: sum(bool(_submissions(instance, run.run_id)) for run in
+                               instance.get_runs(RunsFilter(tags={CASE_TAG: "broker-restart"})))
+                   == len(BROKER_RESTART), PROCESS_START_MARGIN_SECONDS * 2,
+                   "every run's first step submitted to Celery", lambda: _runs_and_submissions(
+                       instance, "broker-restart", standin, processes))
+    redis_server.crash()
+    crashed_at = time.monotonic()
+    standin.release_hangs()
+    time.sleep(max(0.0, BROKER_DOWN_SECONDS - (time.monotonic() - crashed_at)))  # the outage
+    redis_server.start()
+
+    codes = [deployment.finish(process, timeout=300) for process in processes]
+    assert codes == [0] * len(BROKER_RESTART), "\n".join(deployment.outputs[-5:])[-6000:]
+    with deployment.instance() as instance:
+        runs = instance.get_runs(RunsFilter(tags={CASE_TAG: "broker-restart"}))
+        assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
+        for run in runs:
+            # Each of the three steps submitted once and run once: nothing lost, nothing twice.
+            submitted = [step for step, _ in _submissions(instance, run.run_id)]
+            assert sorted(submitted) == sorted(set(submitted)) and len(submitted) == 3, submitted
+            started = [record.step_key for record in instance.all_logs(
+                run.run_id, of_type=DagsterEventType.STEP_START)]
+            assert sorted(started) == sorted(submitted), started
+            # The orchestrating process's record of the outage: two engine events.
+            messages = [record.dagster_event.message or "" for record in instance.all_logs(
+                run.run_id, of_type=DagsterEventType.ENGINE_EVENT)]
+            assert any(message.startswith("Celery broker or result backend unreachable")
+                       for message in messages), (run.tags[PARTITION_TAG], messages)
+            assert any(message.startswith("Celery broker and result backend reachable again")
+                       for message in messages), (run.tags[PARTITION_TAG], messages)
+    loaded = [r for r in _business_rows(deployment.warehouse_url)
+              if str(r["partition_date"]) in BROKER_RESTART]
+    reference = code_location_for(
+        pg_warehouse_url, standin_server, tmp_path, [cbr_daily_rates.SOURCE]
+    ).resolve_job_def(JOB)
+    with DagsterInstance.ephemeral() as ephemeral:
+        for partition in BROKER_RESTART:
+            assert reference.execute_in_process(partition_key=partition, instance=ephemeral).success
+    assert len(loaded) == 12 * len(BROKER_RESTART)
+    assert loaded == _business_rows(pg_warehouse_url)
+
+
+def test_a_broker_away_past_the_outage_budget_fails_the_run_naming_the_broker(
+    deployment, redis_server, standin
+):
+    """A run with a 5 s outage budget, Redis killed while its first step runs: the run fails
+    as soon as the outage outlasts the budget, saying so; a re-run once Redis is back loads."""
+    match = "date_req=23/11/2026"
+    standin.fault("hang", seconds=300, match=match)
+    process = deployment.start_run(*CBR_JOB, settings={OUTAGE_ENV: "5"},
+                                   **{PARTITION_TAG: OUTAGE_BUDGET_PARTITION,
+                                      CASE_TAG: "outage-budget"})
+    wait_for_hanging_request(standin, match)
+    redis_server.crash()
+    try:
+        standin.release_hangs()
+        assert deployment.finish(process, timeout=120) != 0
+    finally:
+        redis_server.start()
+    with deployment.instance() as instance:
+        (run,) = instance.get_runs(RunsFilter(tags={CASE_TAG: "outage-budget"}))
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
+        (failure,) = instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
+    error = failure.dagster_event.event_specific_data.error.to_string()
+    assert "Celery broker or result backend has been unreachable for" in error
+    assert f"past the 5 s a run rides out ({OUTAGE_ENV})" in error
+    assert redis_server.password not in error
+
+    rerun = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: OUTAGE_BUDGET_PARTITION})
+    assert deployment.finish(rerun) == 0, deployment.outputs[-1][-3000:]
+    assert sum(1 for r in table_rows(deployment.warehouse_url, "cbr_daily_rates")
+               if str(r["partition_date"]) == OUTAGE_BUDGET_PARTITION) == 12
 
 
 def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
@@ -380,6 +479,19 @@ def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
               if str(r["partition_date"]) == KILLED_PARTITION]
     assert len(loaded) == 12
     assert loaded == _business_rows(pg_warehouse_url)
+
+
+def _runs_and_submissions(instance: DagsterInstance, case: str, standin,
+                          processes: list[subprocess.Popen]) -> str:
+    """For a failed wait: each run of ``case`` with its status and submitted steps, the
+    requests hanging at the stand-in, and the output of any run process that has ended."""
+    runs = instance.get_runs(RunsFilter(tags={CASE_TAG: case}))
+    ended = [f"process {process.pid} exited {process.returncode}:\n"
+             f"{process.communicate()[0][-3000:]}"
+             for process in processes if process.poll() is not None]
+    return "\n".join([f"{run.tags.get(PARTITION_TAG)} {run.run_id} {run.status.value}: "
+                      f"{_submissions(instance, run.run_id)}" for run in runs]
+                     + [f"hanging: {standin.hanging()}", *ended])
 
 
 def _kill_session(process: subprocess.Popen) -> None:

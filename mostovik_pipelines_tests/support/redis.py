@@ -1,7 +1,10 @@
 """A throw-away Redis server on 127.0.0.1 for the tests: the Celery broker and result backend.
 
-No persistence (``save ''``, ``appendonly no``), a random password (so the tests can prove it
-never leaks), its config and log in a temp dir that is deleted when it stops.
+A random password (so the tests can prove it never leaks), its config, log and data in a temp
+dir that is deleted when it stops. No persistence by default (``save ''``, ``appendonly no``);
+``persistent=True`` is the deployment's set-up (``appendonly yes``, every write synced), so a
+server killed with SIGKILL and started again (:meth:`ThrowawayRedis.crash`, then
+:meth:`ThrowawayRedis.start`) still holds every queued task and stored result.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from mostovik_pipelines_tests.support.postgres import free_port
 
 
 class ThrowawayRedis:
-    def __init__(self) -> None:
+    def __init__(self, *, persistent: bool = False) -> None:
+        self.persistent = persistent
         self.port = free_port()
         self.password = secrets.token_urlsafe(16)
         self.root = Path(tempfile.mkdtemp(prefix="mostovik-redis-"))
@@ -29,7 +33,8 @@ class ThrowawayRedis:
     def start(self, timeout: float = 30) -> ThrowawayRedis:
         config = self.root / "redis.conf"
         config.write_text("\n".join([
-            "bind 127.0.0.1", f"port {self.port}", "save ''", "appendonly no",
+            "bind 127.0.0.1", f"port {self.port}", "save ''",
+            *(["appendonly yes", "appendfsync always"] if self.persistent else ["appendonly no"]),
             f"requirepass {self.password}", f"dir {self.root}",
             f"logfile {self.root / 'redis.log'}", "daemonize no",
         ]) + "\n")
@@ -54,6 +59,13 @@ class ThrowawayRedis:
     def log(self) -> str:
         path = self.root / "redis.log"
         return path.read_text() if path.exists() else ""
+
+    def crash(self) -> None:
+        """SIGKILL, as a crashed or OOM-killed server dies; :meth:`start` brings it back on the
+        same port with the same data."""
+        assert self._process is not None and self._process.poll() is None, "not running"
+        self._process.kill()
+        self._process.wait(timeout=10)
 
     def stop(self) -> None:
         try:
