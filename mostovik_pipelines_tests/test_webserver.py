@@ -36,9 +36,13 @@ from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
-from mostovik_pipelines_tests.support.waiting import limit_for, wait_until
+from mostovik_pipelines_tests.support.waiting import (
+    limit_for,
+    wait_for_hanging_request,
+    wait_until,
+)
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver
-from mostovik_pipelines_tests.support.webserver import DagsterServices
+from mostovik_pipelines_tests.support.webserver import BACKFILL_LIMIT_SECONDS, DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -74,6 +78,8 @@ FAILING_DATE = _last_week(5)
 CORRECTED_DATE = _last_week(4)
 UNALERTED_DATE = _last_week(0)
 """Monday: the CBR publishes no rates of its own for it, so no other test loads it."""
+DAEMON_RESTART_DATES = [_last_week(weekday) - timedelta(days=14) for weekday in (1, 2, 3)]
+"""Tuesday to Thursday three weeks ago: loaded by the backfill whose daemon is killed."""
 
 
 @pytest.fixture(scope="module")
@@ -333,6 +339,38 @@ def test_a_backfill_launched_from_the_ui_completes_through_the_daemon(
             assert execution["runId"] in {run.run_id for run in runs}
 
 
+def test_a_daemon_killed_mid_backfill_and_started_again_finishes_it_each_partition_once(
+    services, warehouse_url, standin
+):
+    """The daemon crashes while a UI backfill's runs are fetching and is started again: the
+    backfill completes, each partition loaded by one run, the table exact."""
+    partitions = [day.isoformat() for day in DAEMON_RESTART_DATES]
+    queries = [f"date_req={day:%d/%m/%Y}" for day in DAEMON_RESTART_DATES]
+    for query in queries:
+        standin.fault("hang", seconds=600, match=query)
+    before = _rows_per_date(warehouse_url)
+    backfill_id = services.graphql.launch_partition_backfill([ASSET], partitions)
+    for query in queries:  # every run launched and fetching
+        wait_for_hanging_request(standin, query, limit=BACKFILL_LIMIT_SECONDS)
+    services.kill_daemon()
+    services.start_daemon()
+    standin.release_hangs()
+
+    backfill = services.graphql.wait_for_backfill(backfill_id)
+    runs = services.graphql.runs_of_backfill(backfill_id)
+    assert backfill.status == "COMPLETED_SUCCESS", (backfill, runs, services.log_tails())
+    # Each partition in one run (one ranged run, as the asset's backfill policy asks).
+    assert sorted(day for run in runs for day in _partitions_of(run)) == partitions, runs
+    assert {run.status for run in runs} == {"SUCCESS"}
+    after = _rows_per_date(warehouse_url)
+    assert {day: count for day, count in after.items() if day not in before} == {
+        partition: RATES_PER_DATE for partition in partitions}
+    assert {day: after[day] for day in before} == before
+    shown = services.graphql.partition_metadata(ASSET, partitions)
+    assert {partition: metadata["inserted"] for partition, metadata in shown.items()} == {
+        partition: RATES_PER_DATE for partition in partitions}
+
+
 def test_a_stale_source_shows_in_the_ui_and_raises_one_alert(services, webhook):
     """The daemon evaluates the ERP sync's policy (within 2 hours) against its last sync, three
     hours old: the asset shows degraded freshness and the team gets one alert."""
@@ -385,6 +423,15 @@ def test_one_alert_per_failed_job_no_secret_in_any_and_a_readable_run_list(
     for run in runs:
         assert {tag for tag in run.tags if not tag.startswith(("dagster/", ".dagster/"))} <= (
             OUR_RUN_TAGS), run.tags
+
+
+def _partitions_of(run) -> list[str]:
+    """The partitions a run covers: its partition, or each day of its range."""
+    if "dagster/partition" in run.tags:
+        return [run.tags["dagster/partition"]]
+    first = date.fromisoformat(run.tags["dagster/asset_partition_range_start"])
+    last = date.fromisoformat(run.tags["dagster/asset_partition_range_end"])
+    return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
 
 
 def _rows_per_date(warehouse_url: str) -> dict[str, int]:

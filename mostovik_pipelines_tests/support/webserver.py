@@ -939,6 +939,9 @@ class DagsterServices:
         self.graphql = DagsterGraphQL(f"{self.url}/graphql", location_name=location_name,
                                       diagnostics=self.log_tails)
         self._processes: dict[str, subprocess.Popen] = {}
+        self._left_behind: list[int] = []
+        """Process groups of killed processes: what they left running (code servers, run
+        workers) is ended with the services."""
 
     def __enter__(self) -> DagsterServices:
         try:
@@ -966,11 +969,27 @@ class DagsterServices:
             self._wait_for_location(deadline)
             for name in self.stopped_schedules:
                 self.graphql.stop_schedule(name)
+        self._start_daemon()
+        self._wait_for_location(deadline)
+        self._wait_for_daemons(deadline)
+
+    def kill_daemon(self) -> None:
+        """SIGKILL to the daemon process alone, as a crash: the code servers it started and
+        the runs they launched go on until they notice."""
+        process = self._processes.pop("daemon")
+        process.kill()
+        process.wait(timeout=10)
+        self._left_behind.append(process.pid)
+
+    def start_daemon(self, timeout: float = 180) -> None:
+        """A new daemon, as systemd restarts one; returns once every daemon is healthy."""
+        self._start_daemon()
+        self._wait_for_daemons(time.monotonic() + timeout)
+
+    def _start_daemon(self) -> None:
         self._start("daemon", [
             str(BIN / "dagster-daemon"), "run", "--workspace", str(self.workspace_file),
         ], self.daemon_log)
-        self._wait_for_location(deadline)
-        self._wait_for_daemons(deadline)
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM to both process groups, SIGKILL to whatever is left after ``grace`` seconds:
@@ -990,7 +1009,11 @@ class DagsterServices:
                 os.killpg(process.pid, signal.SIGKILL)
             if process.poll() is None:
                 process.wait(timeout=10)
+        for group in self._left_behind:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
         self._processes.clear()
+        self._left_behind.clear()
 
     def log_tails(self, chars: int = LOG_TAIL_CHARS) -> str:
         """The end of both logs, for failure messages."""
