@@ -9,12 +9,25 @@ dagster-postgres with the pooling dagster-postgres itself applies inside the web
 closed again when returned), without the webserver's statement timeout. Its connections close
 with the instance (when it is collected) or with the process: nothing is held for a dead one.
 ``deploy/dagster.yaml`` configures it exactly as ``storage: postgres:``.
+
+A kept connection can be dead: the database restarted or failed over since it was last used.
+Each is checked as it is taken from the pool (SQLAlchemy's pessimistic disconnect handling: a
+``SELECT 1``, a new connection if it fails), and a new connection that the database refuses
+because it is away (refused, starting up, shutting down, closed) is tried again with backoff for
+``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS`` (90 s) of one outage, each wait logged: the run rides out
+a restart of its run storage instead of failing on its next event. A statement cut off in
+flight still fails.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import time
 from typing import Any
 
+import sqlalchemy
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
@@ -22,6 +35,15 @@ POOL_RECYCLE_SECONDS = 3600
 """A kept connection is replaced after an hour (as the webserver's default)."""
 MAX_OVERFLOW = 10
 """Connections beyond the kept one while storage calls overlap (daemon threads, a webserver)."""
+OUTAGE_ENV = "MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS"
+DEFAULT_OUTAGE_SECONDS = 90.0
+AWAY = ("connection refused", "could not connect", "starting up", "shutting down",
+        "server closed the connection", "connection to server", "timeout expired",
+        "terminating connection")
+"""What libpq says when the database is away rather than refusing us (bad password, no such
+database: those fail at once)."""
+
+logger = logging.getLogger(__name__)
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):
@@ -30,11 +52,15 @@ class PooledPostgresStorage(DagsterPostgresStorage):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS))
         for storage in (self.run_storage, self.event_log_storage, self.schedule_storage):
             # statement_timeout 0: no timeout (a webserver sets its own when it optimises).
             storage.optimize_for_webserver(statement_timeout=0,
                                            pool_recycle=POOL_RECYCLE_SECONDS,
                                            max_overflow=MAX_OVERFLOW)
+            engine = storage_engine(storage)
+            sqlalchemy.event.listen(engine, "checkout", _ping_on_checkout)
+            sqlalchemy.event.listen(engine, "do_connect", outage.connect)
 
     @classmethod
     def from_config_value(cls, inst_data, config_value) -> PooledPostgresStorage:
@@ -44,3 +70,56 @@ class PooledPostgresStorage(DagsterPostgresStorage):
             should_autocreate_tables=config_value.get("should_autocreate_tables", True),
             token_provider=get_token_provider_from_config(config_value),
         )
+
+
+def storage_engine(storage: Any) -> sqlalchemy.engine.Engine:
+    """The SQLAlchemy engine of a dagster-postgres storage: its private ``_engine``, which
+    ``optimize_for_webserver`` replaces (pinned by test_production_instance)."""
+    return storage._engine
+
+
+def _ping_on_checkout(dbapi_connection, connection_record, connection_proxy) -> None:
+    """A pooled connection is checked before use; a dead one is replaced, not failed on."""
+    try:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as error:
+        raise sqlalchemy.exc.DisconnectionError(str(error)) from error
+
+
+class _Outage:
+    """Connects, riding out the database being away for ``budget_seconds`` of one outage
+    (the process's connection attempts share it: every storage call of a run waits on one)."""
+
+    def __init__(self, budget_seconds: float) -> None:
+        self.budget_seconds = budget_seconds
+        self._since: float | None = None
+        self._guard = threading.Lock()
+
+    def connect(self, dialect, connection_record, cargs, cparams):
+        wait = 0.5
+        while True:
+            try:
+                connection = dialect.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError as error:
+                if not any(sign in str(error).lower() for sign in AWAY):
+                    raise
+                away = self._away_for()
+                if away > self.budget_seconds:
+                    raise
+                logger.warning("run storage database away for %.0f s (%s); trying again, up "
+                               "to %.0f s (%s)", away, str(error).strip().splitlines()[0],
+                               self.budget_seconds, OUTAGE_ENV)
+                time.sleep(wait)
+                wait = min(wait * 2, 5.0)
+                continue
+            with self._guard:
+                self._since = None
+            return connection
+
+    def _away_for(self) -> float:
+        with self._guard:
+            now = time.monotonic()
+            if self._since is None:
+                self._since = now
+            return now - self._since

@@ -14,6 +14,15 @@ import psycopg
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
+from mostovik_pipelines.etl.run_claims import RETAKE_GRACE_SECONDS
+from mostovik_pipelines.instance_storage import storage_engine
+from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.waiting import (
+    PROCESS_START_MARGIN_SECONDS,
+    wait_for_hanging_request,
+    wait_until,
+)
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +67,74 @@ def test_dagster_job_execute_records_the_run_in_postgres_run_storage(
         assert runs[0].tags["mostovik/source"] == "cbr_daily_rates"
         assert runs[0].tags["mostovik/job_type"] == "parser"
     assert len(table_rows(pg_warehouse_url, "cbr_daily_rates")) == 12
+
+
+RESTART_PARTITION = "2026-11-03"
+RUN_STORAGE_DOWN_SECONDS = 15
+
+
+@pytest.mark.slow
+def test_a_run_storage_restart_under_a_live_run_is_ridden_out_and_lets_no_duplicate_in(
+    postgres, pg_warehouse_url, standin_server, standin, tmp_path, monkeypatch
+):
+    """The run storage's PostgreSQL crashes (``pg_ctl -m immediate``) while a run waits on a
+    slow source and is back 15 s later; a second run of the partition is started at once: the
+    first run takes its claim again and finishes, the second waits for it, the table is one
+    clean load's."""
+    run_storage = ThrowawayPostgres().start()
+    try:
+        home, environment = production_instance(run_storage, "dagster_restarted", tmp_path)
+        environment |= {
+            "MOSTOVIK_DATABASE_URL": pg_warehouse_url,  # another server: it stays up
+            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+            "MOSTOVIK_DATA_DIR": str(tmp_path / "data"),
+        }
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        env = dict(os.environ)
+        with DagsterInstance.from_config(str(home)) as instance:
+            for storage in (instance.run_storage, instance.event_log_storage):
+                storage_engine(storage)  # what the outage handling hooks into
+        match = "date_req=03/11/2026"
+        standin.fault("hang", seconds=300, match=match)
+        first = _execute(env, tmp_path, case="first")
+        wait_for_hanging_request(standin, match)
+        run_storage.pause()
+        time.sleep(RUN_STORAGE_DOWN_SECONDS)
+        run_storage.resume()
+        second = _execute(env, tmp_path, case="second")
+        with DagsterInstance.from_config(str(home)) as instance:
+            wait_until(lambda: _logged(instance, "second", "waiting for run(s)"),
+                       PROCESS_START_MARGIN_SECONDS + RETAKE_GRACE_SECONDS,
+                       "the second run waiting for the first")
+        standin.release_hangs()
+        outputs = [process.communicate(timeout=300)[0] for process in (first, second)]
+        assert [first.returncode, second.returncode] == [0, 0], outputs[0][-3000:]
+        with DagsterInstance.from_config(str(home)) as instance:
+            (older,) = instance.get_runs(RunsFilter(tags={"mostovik_test/case": "first"}))
+            (younger,) = instance.get_runs(RunsFilter(tags={"mostovik_test/case": "second"}))
+            assert older.status == younger.status == DagsterRunStatus.SUCCESS
+            assert _logged(instance, "second", f"waiting for run(s) {older.run_id}")
+    finally:
+        run_storage.stop()
+    rows = [r for r in table_rows(pg_warehouse_url, "cbr_daily_rates")
+            if str(r["partition_date"]) == RESTART_PARTITION]
+    assert len(rows) == 12
+
+
+def _execute(env: dict[str, str], cwd: Path, case: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster"), "job", "execute",
+         "-m", "mostovik_pipelines", "-j", "cbr_daily_rates_job",
+         "--tags", json.dumps({"dagster/partition": RESTART_PARTITION,
+                               "mostovik_test/case": case})],
+        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _logged(instance: DagsterInstance, case: str, text: str) -> bool:
+    return any(text in (record.user_message or "")
+               for run in instance.get_runs(RunsFilter(tags={"mostovik_test/case": case}))
+               for record in instance.all_logs(run.run_id))
 
 
 def _sessions(postgres, database: str) -> int:

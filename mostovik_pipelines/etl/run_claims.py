@@ -13,6 +13,13 @@ in a lock the operating system or the database releases when the process ends:
 * with SQLite run storage (the embedded single-host setup): a shared ``flock`` on
   ``<instance root>/run_claims/<run id>.lock``, released by the kernel when the process exits.
 
+A claim on PostgreSQL lives on one connection, and the database can drop it while the process
+lives (a restart, a failover, a network cut): a keeper thread checks the connection every
+:data:`KEEPER_CHECK_SECONDS` and, when it is gone, connects again and takes the claim again as
+soon as the database answers. Until then the claim looks free, so for
+:data:`RETAKE_GRACE_SECONDS` after the database (re)started a free claim taken before that start
+proves nothing and the check counts it as held: every live holder has taken it again by then.
+
 Who holds it: the run's orchestrating process for the whole run (the executor of every job is
 wrapped by :func:`holding_run_claim`, so ``dagster job execute``, daemon-launched runs, re-runs
 and Celery runs are covered from their first step to their last, queue waits included), and
@@ -28,6 +35,7 @@ import fcntl
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +45,13 @@ from dagster import DagsterInstance
 KEEPALIVE_SETTINGS = ("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
                       "SET tcp_keepalives_count = 3")
 """How fast the server notices the claim holder's machine is gone (10 s + 3 x 5 s)."""
+KEEPER_CHECK_SECONDS = 2.0
+"""How often a claim's keeper checks that its connection, and so the claim, is still there."""
+RECONNECT_SECONDS = 1.0
+"""How often a keeper whose connection was lost tries to connect again."""
+RETAKE_GRACE_SECONDS = 15.0
+"""How long after the database started a free claim is not trusted as free: a keeper takes its
+claim again within a check and a reconnect (about 3 s) of the database answering."""
 
 _held: dict[str, list] = {}
 """Run id -> [number of holders in this process, the lock handle]: nested holders (a step run
@@ -62,16 +77,24 @@ def hold_run_claim(instance: DagsterInstance, run_id: str) -> Iterator[None]:
                 _release(entry[1])
 
 
-def run_claim_held(instance: DagsterInstance, run_id: str) -> bool:
-    """Whether some live process holds the run's claim now."""
+def run_claim_held(instance: DagsterInstance, run_id: str,
+                   taken_at: float | None = None) -> bool:
+    """Whether some live process holds the run's claim now. ``taken_at`` (epoch seconds): when
+    the run took it, its start; a claim taken before the database last started and found free
+    within :data:`RETAKE_GRACE_SECONDS` of that start counts as held (being taken again)."""
     dsn = _postgres_dsn(instance)
     if dsn is not None:
         with psycopg.connect(dsn, autocommit=True) as connection:
-            free = connection.execute("SELECT pg_try_advisory_lock(%s)",
-                                      (_lock_key(run_id),)).fetchone()[0]
-            if free:
-                connection.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(run_id),))
-            return not free
+            free, started, up_seconds = connection.execute(
+                "SELECT pg_try_advisory_lock(%s), "
+                "extract(epoch FROM pg_postmaster_start_time()), "
+                "extract(epoch FROM now() - pg_postmaster_start_time())",
+                (_lock_key(run_id),)).fetchone()
+            if not free:
+                return True
+            connection.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(run_id),))
+            return (taken_at is not None and taken_at < float(started)
+                    and float(up_seconds) < RETAKE_GRACE_SECONDS)
     path = _claim_file(instance, run_id)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -86,13 +109,51 @@ def run_claim_held(instance: DagsterInstance, run_id: str) -> bool:
     return False
 
 
+class _ClaimKeeper:
+    """A claim held on a PostgreSQL connection of its own, taken again on a new connection
+    whenever the database drops the old one, until it is released."""
+
+    def __init__(self, dsn: str, run_id: str) -> None:
+        self._dsn = dsn
+        self._key = _lock_key(run_id)
+        self._released = threading.Event()
+        self._connection = self._take()
+        self._thread = threading.Thread(target=self._keep, name=f"claim {run_id}", daemon=True)
+        self._thread.start()
+
+    def _take(self) -> psycopg.Connection:
+        connection = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+        connection.execute(KEEPALIVE_SETTINGS)
+        connection.execute("SELECT pg_advisory_lock_shared(%s)", (self._key,))
+        return connection
+
+    def _keep(self) -> None:
+        while not self._released.wait(KEEPER_CHECK_SECONDS):
+            try:
+                self._connection.execute("SELECT 1")
+                continue
+            except psycopg.Error:
+                self._connection.close()
+            while not self._released.is_set():
+                try:
+                    self._connection = self._take()
+                    break
+                except psycopg.Error:
+                    time.sleep(RECONNECT_SECONDS)
+            if self._released.is_set():
+                self._connection.close()
+
+    def release(self) -> None:
+        self._released.set()
+        # A keeper busy reconnecting closes what it gets once it sees the release.
+        self._thread.join(timeout=1)
+        self._connection.close()
+
+
 def _acquire(instance: DagsterInstance, run_id: str):
     dsn = _postgres_dsn(instance)
     if dsn is not None:
-        connection = psycopg.connect(dsn, autocommit=True)
-        connection.execute(KEEPALIVE_SETTINGS)
-        connection.execute("SELECT pg_advisory_lock_shared(%s)", (_lock_key(run_id),))
-        return connection
+        return _ClaimKeeper(dsn, run_id)
     path = _claim_file(instance, run_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -101,8 +162,8 @@ def _acquire(instance: DagsterInstance, run_id: str):
 
 
 def _release(handle) -> None:
-    if isinstance(handle, psycopg.Connection):
-        handle.close()
+    if isinstance(handle, _ClaimKeeper):
+        handle.release()
         return
     fd, path = handle
     try:

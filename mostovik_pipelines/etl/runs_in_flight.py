@@ -108,7 +108,7 @@ def _alive(instance: DagsterInstance, record: RunRecord) -> bool:
     """Holding its claim; or, in progress before its first step (no claim taken yet), launched
     recently. A failed run only while it holds its claim."""
     run_id = record.dagster_run.run_id
-    if run_claim_held(instance, run_id):
+    if run_claim_held(instance, run_id, taken_at=record.start_time):
         return True
     if record.dagster_run.status is DagsterRunStatus.FAILURE:
         return False

@@ -8,11 +8,21 @@ import os
 import signal
 import time
 
+import psycopg
 import pytest
 from dagster import DagsterInstance
 
-from mostovik_pipelines.etl.run_claims import hold_run_claim, run_claim_held
+from mostovik_pipelines.etl.run_claims import (
+    KEEPER_CHECK_SECONDS,
+    RECONNECT_SECONDS,
+    _postgres_dsn,
+    hold_run_claim,
+    run_claim_held,
+)
+from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.processes import local_dagster_home
+from mostovik_pipelines_tests.support.waiting import wait_until
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -68,3 +78,56 @@ def test_a_claim_dies_with_its_process(home):
                 break
             time.sleep(0.05)
         assert not run_claim_held(instance, "run-k")
+
+
+def _claim_backends(instance: DagsterInstance) -> list[int]:
+    """The sessions holding a claim (a shared advisory lock) on the run-storage database."""
+    with psycopg.connect(_postgres_dsn(instance), autocommit=True) as connection:
+        return [pid for (pid,) in connection.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock' "
+            "AND granted AND database = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database())").fetchall()]
+
+
+def test_a_claim_whose_connection_the_database_drops_is_taken_again(production_home,
+                                                                     monkeypatch):
+    """An administrator's pg_terminate_backend, a proxy or network cut that drops the session:
+    the run lives on, so its claim must too."""
+    home, environment = production_home
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with (DagsterInstance.from_config(str(home)) as instance,
+          hold_run_claim(instance, "run-d")):
+        (backend,) = _claim_backends(instance)
+        with psycopg.connect(_postgres_dsn(instance), autocommit=True) as connection:
+            assert connection.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone()[0]
+        wait_until(lambda: (lambda pids: pids and pids != [backend])(_claim_backends(instance)),
+                   KEEPER_CHECK_SECONDS + RECONNECT_SECONDS + 30, "the claim taken again")
+        assert run_claim_held(instance, "run-d")
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert not run_claim_held(instance, "run-d")  # released with its holder
+
+
+def test_a_claim_is_taken_again_after_a_restart_and_trusted_free_only_after_the_grace(
+    tmp_path, monkeypatch
+):
+    run_storage = ThrowawayPostgres().start()
+    try:
+        home, environment = production_instance(run_storage, "dagster_claims", tmp_path)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        with DagsterInstance.from_config(str(home)) as instance:
+            taken_at = time.time()
+            with hold_run_claim(instance, "run-r"):
+                run_storage.pause()
+                run_storage.resume()
+                # A claim taken before the restart and free now (its holder died, or has not
+                # taken it again yet) counts as held within the grace; one taken after does not.
+                assert run_claim_held(instance, "run-gone", taken_at=taken_at)
+                assert not run_claim_held(instance, "run-gone", taken_at=time.time())
+                wait_until(lambda: run_claim_held(instance, "run-r", taken_at=time.time()),
+                           KEEPER_CHECK_SECONDS + RECONNECT_SECONDS + 30,
+                           "the claim taken again after the restart")
+            assert not run_claim_held(instance, "run-r", taken_at=time.time())
+    finally:
+        run_storage.stop()
