@@ -51,6 +51,12 @@ TRANSIENT_ERRNOS = {
     errno.ESTALE: "stale file handle",
 }
 
+DISK_FULL_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+}
+"""The landing or op-output disk is full: transient, space can come back (a cleanup, a prune)."""
+
 # Exception modules of the Celery broker stack, matched by name so that the classifier does not
 # import the broker client in processes that never use it.
 TRANSIENT_BROKER_ERRORS = {
@@ -190,6 +196,11 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(True, "broker", reason)
     if isinstance(exc, TimeoutError):
         return Verdict(True, "timeout", reason)
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return Verdict(True, "disk_full", f"{DISK_FULL_ERRNOS[exc.errno]}: {reason}")
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return Verdict(False, "disk_read_only",
+                       f"read-only file system (an operator must make it writable): {reason}")
     if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
         return Verdict(True, "os_transient", f"{TRANSIENT_ERRNOS[exc.errno]}: {reason}")
     if isinstance(exc, ConnectionError):

@@ -171,6 +171,9 @@ def _write_atomically(path: Path, content: bytes, durable: bool = True) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno is not None and error.filename is None:
+            # A failed write names no file (a full disk): say which, keeping the errno.
+            raise OSError(error.errno, f"{error.strerror} (writing {path})", str(path)) from error
         raise

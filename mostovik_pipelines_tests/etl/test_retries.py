@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import threading
 
 import psycopg
@@ -10,6 +13,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRe
 
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.etl.retries import RETRY_METADATA_KEY, RetryPolicy
+from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import (
@@ -253,3 +257,71 @@ def _retries(instance: DagsterInstance) -> list[dict]:
             for record in instance.get_event_records(EventRecordsFilter(
                 DagsterEventType.ASSET_OBSERVATION))
             if RETRY_METADATA_KEY in record.event_log_entry.asset_observation.metadata]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB file system of its own (tmpfs), for the landing store to fill."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs",
+                              str(mount_point)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(disk) -> None:
+    """Write a file until the disk has no space left."""
+    with (disk / "filler").open("wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 4096)
+
+
+def test_a_full_landing_disk_fails_the_fetch_as_transient_naming_the_path_and_a_rerun_loads(
+    small_disk, warehouse_url, standin_server, standin, tmp_path, cbr_source, instance
+):
+    landing = small_disk / "landing"
+    job = code_location_for(warehouse_url, standin_server, tmp_path, [cbr_source],
+                            landing=LandingStoreResource(base_dir=str(landing))
+                            ).resolve_job_def("cbr_daily_rates_job")
+    _fill(small_disk)
+
+    result = run_partition(job, PARTITION, instance)
+    assert not result.success
+    message = step_failure_message(instance, result.run_id)
+    assert "no space left on the device" in message and str(landing) in message, message
+    # Transient: space can come back, so the fetch was tried as often as the policy says.
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == (
+        cbr_source.extract_retry.max_attempts)
+    # Nothing half-written a later run would trust: no temporary file, no fetch recorded.
+    assert [path for path in landing.rglob("*") if path.is_file()
+            and (path.name.startswith(".tmp-") or path.parent.name == "fetches")] == []
+    assert table_rows(warehouse_url, "cbr_daily_rates") == []
+
+    (small_disk / "filler").unlink()
+    rerun = run_partition(job, PARTITION, instance)
+    assert rerun.success
+    assert len(table_rows(warehouse_url, "cbr_daily_rates")) == 12
+
+
+def test_a_read_only_landing_disk_fails_the_fetch_at_once_naming_the_path(
+    small_disk, warehouse_url, standin_server, standin, tmp_path, cbr_source, instance
+):
+    landing = small_disk / "landing"
+    job = code_location_for(warehouse_url, standin_server, tmp_path, [cbr_source],
+                            landing=LandingStoreResource(base_dir=str(landing))
+                            ).resolve_job_def("cbr_daily_rates_job")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+
+    result = run_partition(job, PARTITION, instance)
+    assert not result.success
+    message = step_failure_message(instance, result.run_id)
+    assert "read-only file system" in message and str(landing) in message, message
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 1
+    assert table_rows(warehouse_url, "cbr_daily_rates") == []
