@@ -12,10 +12,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import sqlalchemy
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from mostovik_pipelines.etl.run_claims import RETAKE_GRACE_SECONDS
-from mostovik_pipelines.instance_storage import storage_engine
+from mostovik_pipelines.instance_storage import _ping_on_checkout, storage_engine
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import (
@@ -93,8 +94,12 @@ def test_a_run_storage_restart_under_a_live_run_is_ridden_out_and_lets_no_duplic
             monkeypatch.setenv(name, value)
         env = dict(os.environ)
         with DagsterInstance.from_config(str(home)) as instance:
-            for storage in (instance.run_storage, instance.event_log_storage):
-                storage_engine(storage)  # what the outage handling hooks into
+            # What the outage handling hooks into: dagster-postgres' private engine, kept.
+            for storage in (instance.run_storage, instance.event_log_storage,
+                            instance.schedule_storage):
+                engine = storage_engine(storage)
+                assert isinstance(engine, sqlalchemy.engine.Engine)
+                assert sqlalchemy.event.contains(engine, "checkout", _ping_on_checkout)
         match = "date_req=03/11/2026"
         standin.fault("hang", seconds=300, match=match)
         first = _execute(env, tmp_path, case="first")
