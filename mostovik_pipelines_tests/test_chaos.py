@@ -1,5 +1,6 @@
 """A short, fixed-seed run of the chaos suite (``make chaos`` runs the long one): randomized
-kills, faults, duplicates, re-runs, ranged runs and re-executions of older runs, after which every
+kills, warehouse crashes, faults, duplicates, re-runs, ranged runs and re-executions of older
+runs, after which every
 partition must equal its expected state and no dead run may hold a partition."""
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def test_after_kills_faults_duplicates_reruns_and_reexecutions_the_data_is_as_ex
     assert sum(totals.kills.values()) >= SCENARIOS // 3
     assert totals.kills["run_start"] >= 1, "no run was killed before its first step"
     assert totals.cli_kills >= 1, "no `dagster job execute` process was killed"
+    assert sum(totals.warehouse_crashes.values()) >= 1, "the warehouse never crashed"
     assert totals.reexecutions_of_older_runs >= 1, "no older run was re-executed"
     assert totals.ranged_failed_partitions >= 1, "no ranged run had a failing partition"
     assert totals.differences == 0, "\n".join(totals.failures)

@@ -5,7 +5,8 @@ rates (values, removed currencies, a currency that turns unreadable and goes to 
 one whose rate is stored already) before a run; transient source faults (503, 429 with
 Retry-After, dropped connections, hangs past the timeout) and permanent ones (malformed,
 truncated, HTML, wrong encoding, renamed element, 404); a kill -9 of the run's process at a chosen
-point; a concurrent duplicate run; a re-run of the loaded partition, possibly after another
+point, or instead (some scenarios) a crash of the warehouse server at that point, back 1-4 s
+later; a concurrent duplicate run; a re-run of the loaded partition, possibly after another
 source change; a re-execution of an older run of the partition once newer runs have finished
 (from its failure, through ``mostovik jobs rerun`` or a warm process, or all its steps), possibly
 after a source change and sometimes killed too. A killed run is recorded as failed, as run
@@ -99,6 +100,13 @@ MAX_REMOVED = 2
 """Removed currencies per date: with one unreadable currency among 10 the share is 10%, still
 a partial load; among 9 it would be a systematic defect that no re-run can settle."""
 SETTLE_ATTEMPTS = 6
+CRASH_POINTS = ("extract", "landed", "transform", *EVENTS, "between", "random")
+"""Where the warehouse may crash instead of the run being killed: not inside the load, where the
+suite itself holds a connection to the warehouse."""
+WAREHOUSE_CRASH_SHARE = 0.3
+"""Scenarios whose first kill is a crash of the warehouse instead (``pg_ctl -m immediate``, back
+1-4 s later): a ``dagster job execute`` run rides it out, a warm run (an outage budget of 1 s)
+fails and is settled like any failed run. Decided apart from the scenario's other choices."""
 RANGED_SHARE = 0.15
 REEXECUTION_SHARE = 0.3
 LEFT_STARTED_SHARE = 0.2
@@ -119,6 +127,8 @@ ONE_DAY = timedelta(days=1)
 class Totals:
     scenarios: int = 0
     kills: Counter = field(default_factory=Counter)
+    warehouse_crashes: Counter = field(default_factory=Counter)
+    """Crashes of the warehouse server under a run, per point of the run."""
     cli_kills: int = 0
     scenarios_with_cli_kill: int = 0
     left_started: int = 0
@@ -255,6 +265,8 @@ class ChaosSuite:
         self._probe: RunHandle | None = None
         """The first fresh warm run of the scenario's partitions after its last kill."""
         self._cli_kill_in_scenario = False
+        self._crash_rng: random.Random | None = None
+        """Set for a scenario whose first kill is a warehouse crash instead."""
         env.standin.clear_faults()
         env.standin.reset_cbr_rates()
         env.standin.publish_cbr_until(self.today.isoformat())
@@ -278,6 +290,8 @@ class ChaosSuite:
 
     def scenario(self, number: int) -> None:
         rng = random.Random(f"{self.seed}:{number}")
+        crash_rng = random.Random(f"{self.seed}:{number}:warehouse")
+        self._crash_rng = crash_rng if crash_rng.random() < WAREHOUSE_CRASH_SHARE else None
         cli = rng.random() < self.cli_share
         self._killed_in_scenario = False
         self._killed_runs = []
@@ -494,7 +508,12 @@ class ChaosSuite:
             self.totals.duplicate_runs += 1
             notes.append("duplicate")
             handles.append(self._start(partition, cli and rng.random() < 0.5))
-        if kill_point:
+        if kill_point and self._crash_rng and kill_point in CRASH_POINTS:
+            crash_rng, self._crash_rng = self._crash_rng, None
+            crashed = self._crash_warehouse_at(crash_rng, handles[0], kill_point)
+            notes.append(f"warehouse-crash@{kill_point}" if crashed
+                         else f"nocrash@{kill_point}")
+        elif kill_point:
             killed = self._kill_at(rng, handles[0], kill_point)
             notes.append(f"kill@{kill_point}" if killed else f"nokill@{kill_point}")
         statuses = [self._finish(handle, rng) for handle in handles]
@@ -557,6 +576,28 @@ class ChaosSuite:
         return status == DagsterRunStatus.SUCCESS
 
     def _kill_at(self, rng: random.Random, handle: RunHandle, point: str) -> bool:
+        if point in ("load", "load_mid"):
+            startup = 30 if handle.kind == "cli" else 10
+            return self._kill_in_load(rng, handle, point, startup)
+        return self._deliver(handle, point) if self._reach(rng, handle, point) else False
+
+    def _crash_warehouse_at(self, rng: random.Random, handle: RunHandle, point: str) -> bool:
+        """Crash the warehouse server once the run reaches ``point``, and start it again 1-4 s
+        later; False if the run ended first."""
+        if not self._reach(rng, handle, point):
+            return False
+        down = rng.uniform(1.0, 4.0)
+        self.env.postgres.pause()
+        try:
+            time.sleep(down)
+        finally:
+            self.env.postgres.resume()
+        self.totals.warehouse_crashes[point] += 1
+        return True
+
+    def _reach(self, rng: random.Random, handle: RunHandle, point: str) -> bool:
+        """Wait until the run is at ``point`` (not one inside the load); False if it ended
+        or never got there."""
         env = self.env
         startup = 30 if handle.kind == "cli" else 10
         if point == "extract":
@@ -568,8 +609,6 @@ class ChaosSuite:
             reached = wait_until(lambda: env.landed_by(handle), handle, startup, 0.003)
             if reached and point == "transform":
                 time.sleep(rng.uniform(0, 0.03))
-        elif point in ("load", "load_mid"):
-            return self._kill_in_load(rng, handle, point, startup)
         elif point in EVENTS or point == "between":
             event_type, op = EVENTS[rng.choice(list(EVENTS)) if point == "between" else point]
             step = f"{SOURCE}.{op}_" if op else None
@@ -581,7 +620,7 @@ class ChaosSuite:
             delay = rng.uniform(0, 4.0 if handle.kind == "cli" else 1.0)
             wait_until(lambda: False, handle, delay, 0.02)  # the delay, or the run's end
             reached = handle.alive()
-        return self._deliver(handle, point) if reached else False
+        return reached
 
     def _kill_in_load(self, rng: random.Random, handle: RunHandle, point: str,
                       startup: float) -> bool:
