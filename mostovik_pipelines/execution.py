@@ -38,6 +38,7 @@ from dagster import (
     multiprocess_executor,
 )
 
+from mostovik_pipelines.etl.errors import broker_unreachable
 from mostovik_pipelines.settings import EXECUTOR_ENV
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
@@ -268,7 +269,6 @@ class _BrokerOutage:
         self._context = plan_context
         self.budget_seconds = budget_seconds
         self._since: float | None = None
-        self._errors: tuple[type[BaseException], ...] | None = None
 
     def ride_out(self, call, *, until_done: bool = False):
         """``call()``; while the broker is away, :data:`_UNREACHABLE` (or, ``until_done``, wait
@@ -276,7 +276,9 @@ class _BrokerOutage:
         while True:
             try:
                 result = call()
-            except self._connection_errors() as error:
+            except Exception as error:
+                if not broker_unreachable(error):
+                    raise
                 self._unreachable(error)
                 if not until_done:
                     return _UNREACHABLE
@@ -302,20 +304,6 @@ class _BrokerOutage:
                 f"out ({OUTAGE_ENV}): {type(error).__name__}: {error}. The steps that finished "
                 "are recorded; re-run the partition once Redis is back, the load is idempotent."
             ) from error
-
-    def _connection_errors(self) -> tuple[type[BaseException], ...]:
-        if self._errors is None:
-            from kombu.exceptions import OperationalError
-
-            errors: tuple[type[BaseException], ...] = (OperationalError, ConnectionError)
-            try:
-                import redis.exceptions
-            except ImportError:  # a broker other than Redis
-                pass
-            else:
-                errors += (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-            self._errors = errors
-        return self._errors
 
     def _report(self, message: str) -> None:
         self._context.instance.report_engine_event(message, self._context.dagster_run)

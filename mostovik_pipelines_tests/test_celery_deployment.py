@@ -264,12 +264,7 @@ def test_a_backfill_spreads_over_two_workers_and_equals_the_in_process_result(
     assert len(placements) == 3 * len(BACKFILL)
     assert all(count > 0 for count in per_worker.values()), per_worker
 
-    reference = code_location_for(
-        pg_warehouse_url, standin_server, tmp_path, [cbr_daily_rates.SOURCE]
-    ).resolve_job_def(JOB)
-    with DagsterInstance.ephemeral() as ephemeral:
-        for partition in BACKFILL:
-            assert reference.execute_in_process(partition_key=partition, instance=ephemeral).success
+    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, BACKFILL)
     assert _business_rows(deployment.warehouse_url) == _business_rows(pg_warehouse_url)
     assert len(_business_rows(pg_warehouse_url)) == 12 * len(BACKFILL)
 
@@ -381,12 +376,7 @@ def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_lose
                        for message in messages), (run.tags[PARTITION_TAG], messages)
     loaded = [r for r in _business_rows(deployment.warehouse_url)
               if str(r["partition_date"]) in BROKER_RESTART]
-    reference = code_location_for(
-        pg_warehouse_url, standin_server, tmp_path, [cbr_daily_rates.SOURCE]
-    ).resolve_job_def(JOB)
-    with DagsterInstance.ephemeral() as ephemeral:
-        for partition in BROKER_RESTART:
-            assert reference.execute_in_process(partition_key=partition, instance=ephemeral).success
+    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, BROKER_RESTART)
     assert len(loaded) == 12 * len(BROKER_RESTART)
     assert loaded == _business_rows(pg_warehouse_url)
 
@@ -468,13 +458,7 @@ def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
     rerun = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: KILLED_PARTITION})
     assert deployment.finish(rerun) == 0, deployment.outputs[-1][-3000:]
 
-    reference = code_location_for(
-        pg_warehouse_url, standin_server, tmp_path, [cbr_daily_rates.SOURCE]
-    ).resolve_job_def(JOB)
-    with DagsterInstance.ephemeral() as ephemeral:
-        assert reference.execute_in_process(
-            partition_key=KILLED_PARTITION, instance=ephemeral
-        ).success
+    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, [KILLED_PARTITION])
     loaded = [r for r in _business_rows(deployment.warehouse_url)
               if str(r["partition_date"]) == KILLED_PARTITION]
     assert len(loaded) == 12
@@ -499,6 +483,17 @@ def _kill_session(process: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.communicate(timeout=30)
+
+
+def _load_cleanly(warehouse_url: str, standin_server: StandinServer, work_dir: Path,
+                  partitions: list[str]) -> None:
+    """The reference: ``partitions`` loaded in process, one run each, into ``warehouse_url``."""
+    reference = code_location_for(
+        warehouse_url, standin_server, work_dir, [cbr_daily_rates.SOURCE]
+    ).resolve_job_def(JOB)
+    with DagsterInstance.ephemeral() as ephemeral:
+        for partition in partitions:
+            assert reference.execute_in_process(partition_key=partition, instance=ephemeral).success
 
 
 def _business_rows(url: str) -> list[dict]:

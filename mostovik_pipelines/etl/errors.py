@@ -67,6 +67,14 @@ TRANSIENT_BROKER_ERRORS = {
 }
 
 
+def broker_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the Celery broker or result backend cannot be reached now: one of
+    :data:`TRANSIENT_BROKER_ERRORS` or a subclass (Redis still loading its data after a restart
+    raises one), or a plain :class:`ConnectionError`."""
+    return isinstance(exc, ConnectionError) or any(
+        (cls.__module__, cls.__name__) in TRANSIENT_BROKER_ERRORS for cls in type(exc).__mro__)
+
+
 class PipelineError(Exception):
     """An error the project raises on purpose, already knowing whether it can pass."""
 

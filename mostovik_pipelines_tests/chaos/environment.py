@@ -485,3 +485,13 @@ def wait_until(condition, handle: RunHandle, timeout: float, interval: float = 0
             return False
         time.sleep(interval)
     return False
+
+
+def a_load_waits_for_a_lock(observer: psycopg.Connection) -> bool:
+    """Whether another session of ``observer``'s database waits for a partition's advisory lock
+    (a run's load, held up by a lock the suite holds)."""
+    return observer.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE '%pg_advisory_xact_lock%' AND datname = current_database() "
+        "AND pid <> pg_backend_pid()"
+    ).fetchone()[0] > 0

@@ -70,6 +70,7 @@ from mostovik_pipelines_tests.chaos.environment import (
     WARM_TIMEOUT_SECONDS,
     ChaosEnvironment,
     RunHandle,
+    a_load_waits_for_a_lock,
     date_range,
     wait_until,
 )
@@ -629,7 +630,7 @@ class ChaosSuite:
                              autocommit=True) as holder:
             holder.execute("SELECT pg_advisory_lock(%s, %s)", (table_key, partition_key))
             try:
-                reached = wait_until(lambda: _waiting_for_lock(holder), handle, startup, 0.01)
+                reached = wait_until(lambda: a_load_waits_for_a_lock(holder), handle, startup, 0.01)
                 if reached and point == "load":
                     return self._deliver(handle, point)
             finally:
@@ -803,14 +804,6 @@ def _consecutive(days: list[str]) -> list[tuple[str, ...]]:
 
 def _status_text(status: DagsterRunStatus | None) -> str:
     return status.value if status else "none"
-
-
-def _waiting_for_lock(holder: psycopg.Connection) -> bool:
-    return holder.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND query LIKE '%pg_advisory_xact_lock%' AND datname = current_database() "
-        "AND pid <> pg_backend_pid()"
-    ).fetchone()[0] > 0
 
 
 def _partition_state(dsn: str, partition: str) -> tuple[list, list]:

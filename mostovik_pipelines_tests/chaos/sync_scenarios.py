@@ -83,7 +83,11 @@ from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResourc
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
-from mostovik_pipelines_tests.chaos.environment import RunHandle, wait_until
+from mostovik_pipelines_tests.chaos.environment import (
+    RunHandle,
+    a_load_waits_for_a_lock,
+    wait_until,
+)
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 MOSCOW = ZoneInfo("Europe/Moscow")
@@ -625,13 +629,13 @@ class SyncSuite:
         with psycopg.connect(self.ws.dsn, autocommit=True) as holder:
             holder.execute("SELECT pg_advisory_lock(%s, %s)", keys)
             try:
-                if not wait_until(lambda: _waiting_for_lock(holder), handle, patience, 0.01):
+                if not wait_until(lambda: a_load_waits_for_a_lock(holder), handle, patience, 0.01):
                     return False
                 holder.execute("SELECT pg_advisory_unlock(%s, %s)", keys)
                 holder.execute("SELECT pg_advisory_lock(%s, %s)", keys)
                 with psycopg.connect(self.ws.dsn, autocommit=True) as observer:
                     return (self._committed_by(observer, handle, window) > 0
-                            and wait_until(lambda: _waiting_for_lock(holder), handle,
+                            and wait_until(lambda: a_load_waits_for_a_lock(holder), handle,
                                            patience, 0.01))
             finally:
                 holder.execute("SELECT pg_advisory_unlock_all()")
@@ -907,11 +911,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _waiting_for_lock(observer: psycopg.Connection) -> bool:
-    """Whether another session of the warehouse waits for an advisory lock (a run's load)."""
-    return bool(observer.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    ).fetchone()[0])

@@ -283,13 +283,18 @@ def _fill(disk) -> None:
             filler.write(b"\0" * 4096)
 
 
+def _cbr_job_landing_in(landing, warehouse_url, standin_server, work_dir, cbr_source):
+    """The CBR job with its landing store in ``landing``."""
+    return code_location_for(warehouse_url, standin_server, work_dir, [cbr_source],
+                             landing=LandingStoreResource(base_dir=str(landing))
+                             ).resolve_job_def("cbr_daily_rates_job")
+
+
 def test_a_full_landing_disk_fails_the_fetch_as_transient_naming_the_path_and_a_rerun_loads(
     small_disk, warehouse_url, standin_server, standin, tmp_path, cbr_source, instance
 ):
     landing = small_disk / "landing"
-    job = code_location_for(warehouse_url, standin_server, tmp_path, [cbr_source],
-                            landing=LandingStoreResource(base_dir=str(landing))
-                            ).resolve_job_def("cbr_daily_rates_job")
+    job = _cbr_job_landing_in(landing, warehouse_url, standin_server, tmp_path, cbr_source)
     _fill(small_disk)
 
     result = run_partition(job, PARTITION, instance)
@@ -314,9 +319,7 @@ def test_a_read_only_landing_disk_fails_the_fetch_at_once_naming_the_path(
     small_disk, warehouse_url, standin_server, standin, tmp_path, cbr_source, instance
 ):
     landing = small_disk / "landing"
-    job = code_location_for(warehouse_url, standin_server, tmp_path, [cbr_source],
-                            landing=LandingStoreResource(base_dir=str(landing))
-                            ).resolve_job_def("cbr_daily_rates_job")
+    job = _cbr_job_landing_in(landing, warehouse_url, standin_server, tmp_path, cbr_source)
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
 
     result = run_partition(job, PARTITION, instance)
