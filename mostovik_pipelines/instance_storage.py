@@ -15,17 +15,25 @@ Each is checked as it is taken from the pool (SQLAlchemy's pessimistic disconnec
 ``SELECT 1``, a new connection if it fails), and a new connection that the database refuses
 because it is away (refused, starting up, shutting down, closed) is tried again with backoff for
 ``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS`` (90 s) of one outage, each wait logged: the run rides out
-a restart of its run storage instead of failing on its next event. A statement cut off in
-flight still fails.
+a restart of its run storage instead of failing on its next event. A storage call whose
+statement the restart cut off in flight (a run's process writes events back to back, so one
+often is) is made again on a new connection, within the same budget: the call that failed was
+rolled back, unless the database had committed it just before it went away and the answer was
+lost, when an event can be stored twice (a window of microseconds, against a failed run).
+The webserver replaces each storage's engine with its own (``optimize_for_webserver``); the
+new engine is guarded the same way.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import sqlalchemy
 from dagster_postgres import DagsterPostgresStorage
@@ -43,7 +51,11 @@ AWAY = ("connection refused", "could not connect", "starting up", "shutting down
 """What libpq says when the database is away rather than refusing us (bad password, no such
 database: those fail at once)."""
 
+RETRY_PAUSE_SECONDS = 0.2
+"""Before a call cut off in flight is made again (its new connection waits out the outage)."""
+
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):
@@ -54,13 +66,11 @@ class PooledPostgresStorage(DagsterPostgresStorage):
         super().__init__(*args, **kwargs)
         outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS))
         for storage in (self.run_storage, self.event_log_storage, self.schedule_storage):
+            _ride_out_outages(storage, outage)
             # statement_timeout 0: no timeout (a webserver sets its own when it optimises).
             storage.optimize_for_webserver(statement_timeout=0,
                                            pool_recycle=POOL_RECYCLE_SECONDS,
                                            max_overflow=MAX_OVERFLOW)
-            engine = storage_engine(storage)
-            sqlalchemy.event.listen(engine, "checkout", _ping_on_checkout)
-            sqlalchemy.event.listen(engine, "do_connect", outage.connect)
 
     @classmethod
     def from_config_value(cls, inst_data, config_value) -> PooledPostgresStorage:
@@ -76,6 +86,25 @@ def storage_engine(storage: Any) -> sqlalchemy.engine.Engine:
     """The SQLAlchemy engine of a dagster-postgres storage: its private ``_engine``, which
     ``optimize_for_webserver`` replaces (pinned by test_production_instance)."""
     return storage._engine
+
+
+def _ride_out_outages(storage: Any, outage: _Outage) -> None:
+    """Every public call of ``storage`` made again when its connection was lost in flight, and
+    every engine it is given (now and by a webserver) checked on checkout and connecting
+    through ``outage``."""
+    optimize = storage.optimize_for_webserver
+
+    def optimize_and_guard(*args: Any, **kwargs: Any) -> None:
+        optimize(*args, **kwargs)
+        engine = storage_engine(storage)
+        sqlalchemy.event.listen(engine, "checkout", _ping_on_checkout)
+        sqlalchemy.event.listen(engine, "do_connect", outage.connect)
+
+    for name, function in inspect.getmembers(type(storage), inspect.isfunction):
+        if name.startswith("_") or inspect.isgeneratorfunction(function):
+            continue
+        setattr(storage, name, outage.retrying(getattr(storage, name)))
+    storage.optimize_for_webserver = optimize_and_guard
 
 
 def _ping_on_checkout(dbapi_connection, connection_record, connection_proxy) -> None:
@@ -116,6 +145,32 @@ class _Outage:
             with self._guard:
                 self._since = None
             return connection
+
+    def retrying(self, call: Callable[..., T]) -> Callable[..., T]:
+        """``call``, made again while the error it raises is a connection lost in flight (the
+        pool has dropped that connection; the next one connects through :meth:`connect`), for
+        up to ``budget_seconds``."""
+
+        @functools.wraps(call)
+        def retried(*args: Any, **kwargs: Any) -> T:
+            first_failure = None
+            while True:
+                try:
+                    return call(*args, **kwargs)
+                except sqlalchemy.exc.DBAPIError as error:
+                    if not error.connection_invalidated:
+                        raise
+                    now = time.monotonic()
+                    first_failure = first_failure or now
+                    if now - first_failure > self.budget_seconds:
+                        raise
+                    logger.warning("run storage connection lost during %s (%s); making the "
+                                   "call again, up to %.0f s (%s)", call.__name__,
+                                   str(error.orig).strip().splitlines()[0],
+                                   self.budget_seconds, OUTAGE_ENV)
+                    time.sleep(RETRY_PAUSE_SECONDS)
+
+        return retried
 
     def _away_for(self) -> float:
         with self._guard:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from mostovik_pipelines.etl.run_claims import RETAKE_GRACE_SECONDS
 from mostovik_pipelines.instance_storage import _ping_on_checkout, storage_engine
 from mostovik_pipelines_tests.support.instances import production_instance
-from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, backend_waiting_on_a_lock
 from mostovik_pipelines_tests.support.waiting import (
     PROCESS_START_MARGIN_SECONDS,
     wait_for_hanging_request,
@@ -125,6 +126,59 @@ def test_a_run_storage_restart_under_a_live_run_is_ridden_out_and_lets_no_duplic
     rows = [r for r in table_rows(pg_warehouse_url, "cbr_daily_rates")
             if str(r["partition_date"]) == RESTART_PARTITION]
     assert len(rows) == 12
+
+
+def test_a_storage_call_cut_off_in_flight_is_made_again_and_answers(
+    production_home, postgres, monkeypatch
+):
+    """The connection a run-storage call is using dies while the statement runs (here: the
+    call waits on a lock an operator holds and its backend is terminated, as a restart cuts off
+    the statement a process is in): the call is made again on a new connection and answers,
+    in this process and in a webserver's, whose storage engines are its own."""
+    home, environment = production_home
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    database = environment["MOSTOVIK_DAGSTER_PG_DB"]
+    with DagsterInstance.from_config(str(home)) as instance:
+        for webserver in (False, True):
+            if webserver:
+                instance.optimize_for_webserver(statement_timeout=30_000, pool_recycle=3600,
+                                                max_overflow=5)
+            run = instance.create_run_for_job(_empty_job(), run_id=None)
+            with psycopg.connect(postgres.dsn(database), autocommit=True) as operator:
+                operator.execute("BEGIN")
+                operator.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+                answer: dict[str, object] = {}
+                reader = threading.Thread(target=_read_run, args=(instance, run.run_id, answer))
+                reader.start()
+                pid = backend_waiting_on_a_lock(operator, "%")
+                assert pid is not None, "the storage call never waited on the lock"
+                operator.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                operator.execute("COMMIT")
+                reader.join(timeout=60)
+            assert answer.get("run") is not None and answer["run"].run_id == run.run_id, (
+                webserver, answer)
+
+
+def _read_run(instance: DagsterInstance, run_id: str, answer: dict) -> None:
+    try:
+        answer["run"] = instance.get_run_by_id(run_id)
+    except Exception as error:  # shown by the assertion
+        answer["error"] = error
+
+
+def _empty_job():
+    from dagster import job, op
+
+    @op
+    def nothing() -> None:
+        pass
+
+    @job
+    def empty():
+        nothing()
+
+    return empty
 
 
 def _execute(env: dict[str, str], cwd: Path, case: str) -> subprocess.Popen:
