@@ -270,7 +270,7 @@ def ours(args: dict[str, Any]):
     """``erp_work_orders_job`` for the window's partition, in process, ephemeral instance; the
     code location wired as the tests wire it (``code_location_for``): this warehouse, landing
     and op outputs under the case's directory, the source's resource pointed at the stand-in."""
-    from dagster import DagsterEventType, DagsterInstance, FilesystemIOManager
+    from dagster import DagsterEventType, DagsterInstance
 
     from mostovik_pipelines.definitions import build_code_location
     from mostovik_pipelines.etl.factory import source_resource_key
@@ -279,6 +279,7 @@ def ours(args: dict[str, Any]):
         LandingStoreResource,
         WarehouseResource,
     )
+    from mostovik_pipelines.resources.op_outputs import OpOutputStore
     from mostovik_pipelines.sources import erp_work_orders
 
     if args["page_size"] != erp_work_orders.PAGE_SIZE:
@@ -288,7 +289,7 @@ def ours(args: dict[str, Any]):
     location = build_code_location(sources=[source], resources={
         "warehouse": WarehouseResource(database_url=args["url"]),
         "landing": LandingStoreResource(base_dir=str(work_dir / "landing")),
-        "io_manager": FilesystemIOManager(base_dir=str(work_dir / "storage")),
+        "io_manager": OpOutputStore(base_dir=str(work_dir / "storage")),
         source_resource_key(source): HttpSourceResource(
             base_url=args["erp_url"], timeout_seconds=source.resource.timeout_seconds),
     })

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster import Definitions, FilesystemIOManager
+from dagster import Definitions
 
 from mostovik_pipelines.etl.alerts import ALERT_NOTIFIER_KEY, alert_sensors
 from mostovik_pipelines.etl.factory import (
@@ -18,6 +18,7 @@ from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.execution import executor_from_environment
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.notifier import AlertNotifierResource
+from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.settings import (
     alert_webhook_setting,
     data_dir,
@@ -34,7 +35,7 @@ def default_resources(sources: Sequence[SourceSpec] = ALL_SOURCES) -> dict[str, 
         LANDING_KEY: LandingStoreResource(
             base_dir=setting("MOSTOVIK_LANDING_DIR", str(data_dir() / "landing"))
         ),
-        "io_manager": FilesystemIOManager(
+        "io_manager": OpOutputStore(
             base_dir=setting("MOSTOVIK_STORAGE_DIR", str(data_dir() / "storage"))
         ),
         ALERT_NOTIFIER_KEY: AlertNotifierResource(

@@ -68,7 +68,6 @@ from dagster import (
     DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
-    FilesystemIOManager,
     RunsFilter,
 )
 
@@ -80,6 +79,7 @@ from mostovik_pipelines.etl.run_claims import hold_run_claim
 from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.etl.tags import PARTITION_TAG
 from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
+from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
@@ -188,7 +188,7 @@ class Workspace:
         self.location = build_code_location([source], {
             WAREHOUSE_KEY: WarehouseResource(database_url=self.url),
             LANDING_KEY: LandingStoreResource(base_dir=str(self.data_dir / "landing")),
-            "io_manager": FilesystemIOManager(base_dir=str(self.data_dir / "storage")),
+            "io_manager": OpOutputStore(base_dir=str(self.data_dir / "storage")),
             source_resource_key(source): self.resource,
         })
         self.job = self.location.resolve_job_def(self.job_name)

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import subprocess
 import threading
+import uuid
 
 import psycopg
 import pytest
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    EventRecordsFilter,
+)
 
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.etl.retries import RETRY_METADATA_KEY, RetryPolicy
 from mostovik_pipelines.resources import LandingStoreResource
+from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.support.disk import (
+    fill,
+    free,
+    mount_small_disk,
+    unmount_small_disk,
+    why_no_small_disk,
+)
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import (
     ThrowawayPostgres,
@@ -262,25 +274,17 @@ def _retries(instance: DagsterInstance) -> list[dict]:
 @pytest.fixture
 def small_disk(tmp_path):
     """A 256 KiB file system of its own (tmpfs), for the landing store to fill."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
+    if reason := why_no_small_disk():
+        pytest.skip(reason)
     mount_point = tmp_path / "small_disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs",
-                              str(mount_point)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        mount_small_disk(mount_point)
+    except OSError as error:
+        pytest.skip(str(error))
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def _fill(disk) -> None:
-    """Write a file until the disk has no space left."""
-    with (disk / "filler").open("wb", buffering=0) as filler, contextlib.suppress(OSError):
-        while True:
-            filler.write(b"\0" * 4096)
+        unmount_small_disk(mount_point)
 
 
 def _cbr_job_landing_in(landing, warehouse_url, standin_server, work_dir, cbr_source):
@@ -295,7 +299,7 @@ def test_a_full_landing_disk_fails_the_fetch_as_transient_naming_the_path_and_a_
 ):
     landing = small_disk / "landing"
     job = _cbr_job_landing_in(landing, warehouse_url, standin_server, tmp_path, cbr_source)
-    _fill(small_disk)
+    fill(small_disk)
 
     result = run_partition(job, PARTITION, instance)
     assert not result.success
@@ -309,7 +313,7 @@ def test_a_full_landing_disk_fails_the_fetch_as_transient_naming_the_path_and_a_
             and (path.name.startswith(".tmp-") or path.parent.name == "fetches")] == []
     assert table_rows(warehouse_url, "cbr_daily_rates") == []
 
-    (small_disk / "filler").unlink()
+    free(small_disk)
     rerun = run_partition(job, PARTITION, instance)
     assert rerun.success
     assert len(table_rows(warehouse_url, "cbr_daily_rates")) == 12
@@ -328,3 +332,63 @@ def test_a_read_only_landing_disk_fails_the_fetch_at_once_naming_the_path(
     assert "read-only file system" in message and str(landing) in message, message
     assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 1
     assert table_rows(warehouse_url, "cbr_daily_rates") == []
+
+
+def _cbr_job_with_op_outputs_in(storage, warehouse_url, standin_server, work_dir, cbr_source,
+                                delay_seconds: float = 0.05):
+    """The CBR job with its op outputs in ``storage``, retried after ``delay_seconds`` (at
+    least half of it, with jitter)."""
+    return code_location_for(warehouse_url, standin_server, work_dir, [cbr_source],
+                             io_manager=OpOutputStore(base_dir=str(storage), retry_attempts=3,
+                                                      retry_base_delay_seconds=delay_seconds)
+                             ).resolve_job_def("cbr_daily_rates_job")
+
+
+def test_a_full_op_output_disk_is_retried_as_transient_and_rides_out_space_coming_back(
+    small_disk, warehouse_url, standin_server, standin, tmp_path, cbr_source, instance
+):
+    storage = small_disk / "storage"
+    job = _cbr_job_with_op_outputs_in(storage, warehouse_url, standin_server, tmp_path,
+                                      cbr_source)
+    fill(small_disk)
+
+    result = run_partition(job, PARTITION, instance)
+    assert not result.success
+    message = step_failure_message(instance, result.run_id)
+    assert "no space left on the device" in message and str(storage) in message, message
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 3
+    # A pickle cut short is removed: nothing half-written for a re-execution to read.
+    assert [path for path in storage.rglob("*") if path.is_file()] == []
+
+    # Space comes back while the step waits (2-4 s) to retry: the run rides it out.
+    def free_after_the_first_retry() -> None:
+        wait_until(lambda: instance.get_records_for_run(
+            run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY).records,
+            PROCESS_START_MARGIN_SECONDS, "the step's first retry", poll=0.02)
+        free(small_disk)
+
+    run_id = str(uuid.uuid4())
+    patient = _cbr_job_with_op_outputs_in(storage, warehouse_url, standin_server, tmp_path,
+                                          cbr_source, delay_seconds=4.0)
+    freeing = threading.Thread(target=free_after_the_first_retry)
+    freeing.start()
+    retried = run_partition(patient, PARTITION, instance, run_id=run_id)
+    freeing.join()
+    assert retried.success
+    assert len(table_rows(warehouse_url, "cbr_daily_rates")) == 12
+
+
+def test_a_read_only_op_output_disk_fails_the_step_at_once_naming_the_path(
+    small_disk, warehouse_url, standin_server, standin, tmp_path, cbr_source, instance
+):
+    storage = small_disk / "storage"
+    storage.mkdir()
+    job = _cbr_job_with_op_outputs_in(storage, warehouse_url, standin_server, tmp_path,
+                                      cbr_source)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+
+    result = run_partition(job, PARTITION, instance)
+    assert not result.success
+    message = step_failure_message(instance, result.run_id)
+    assert "read-only file system" in message and str(storage) in message, message
+    assert step_attempts(instance, result.run_id, "extract_cbr_daily_rates") == 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dagster import ConfigurableResource, Definitions, FilesystemIOManager
+from dagster import ConfigurableResource, Definitions
 
 from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.etl.factory import source_resource_key
@@ -17,6 +17,7 @@ from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.inbox import InboxResource
+from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.standin import StandinServer
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2,
@@ -33,7 +34,7 @@ def code_location_for(warehouse_url: str, standin_server: StandinServer, work_di
         resources={
             "warehouse": WarehouseResource(database_url=warehouse_url),
             "landing": LandingStoreResource(base_dir=str(work_dir / "landing")),
-            "io_manager": FilesystemIOManager(base_dir=str(work_dir / "storage")),
+            "io_manager": OpOutputStore(base_dir=str(work_dir / "storage")),
             **{source_resource_key(spec): standin_resource(spec, standin_server, work_dir)
                for spec in sources if source_resource_key(spec) not in resources},
             **resources,

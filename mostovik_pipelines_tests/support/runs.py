@@ -5,8 +5,9 @@ from __future__ import annotations
 from dagster import DagsterEventType, DagsterInstance
 
 
-def run_partition(job, partition: str, instance: DagsterInstance):
-    return job.execute_in_process(partition_key=partition, instance=instance, raise_on_error=False)
+def run_partition(job, partition: str, instance: DagsterInstance, run_id: str | None = None):
+    return job.execute_in_process(partition_key=partition, instance=instance, raise_on_error=False,
+                                  run_id=run_id)
 
 
 def step_attempts(instance: DagsterInstance, run_id: str, op_name: str) -> int:

@@ -1,0 +1,84 @@
+"""Where each step hands its output to the next: Dagster's file-system I/O manager (pickles under
+``MOSTOVIK_STORAGE_DIR``, shared by every worker), with its disk's faults classified as the
+landing store's are. A full disk (``ENOSPC``, a quota) fails the step as transient and it is
+retried with backoff, since space can come back; a read-only one fails it at once, for an
+operator to act. Either way the error names the file, and a pickle cut short is removed: a
+re-execution from failure runs the step that failed again, so nothing half-written is read."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    FilesystemIOManager,
+    InitResourceContext,
+    OutputContext,
+    RetryRequested,
+)
+from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
+
+from mostovik_pipelines.etl.errors import classify
+from mostovik_pipelines.etl.retries import RetryPolicy, StepContext, failure_for
+from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+
+
+class OpOutputStore(FilesystemIOManager):
+    """``FilesystemIOManager`` whose disk faults are classified and retried (see the module)."""
+
+    retry_attempts: int = 4
+    retry_base_delay_seconds: float = 1.0
+
+    def create_io_manager(self, context: InitResourceContext) -> PickledObjectFilesystemIOManager:
+        base_dir = self.base_dir or context.instance.storage_directory()
+        return _ClassifiedPickles(
+            RetryPolicy(max_attempts=self.retry_attempts,
+                        base_delay_seconds=self.retry_base_delay_seconds),
+            base_dir=base_dir)
+
+
+class _ClassifiedPickles(PickledObjectFilesystemIOManager):
+    def __init__(self, policy: RetryPolicy, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.policy = policy
+
+    def handle_output(self, context: OutputContext, obj: Any) -> None:
+        try:
+            super().handle_output(context, obj)
+        except OSError as error:
+            raise self._retry_or_fail(context, error) from error
+
+    def dump_to_path(self, context: OutputContext, obj: Any, path) -> None:
+        try:
+            super().dump_to_path(context, obj, path)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                Path(path).unlink(missing_ok=True)
+            # Named here: the file system layer under the I/O manager drops the file name.
+            raise OSError(error.errno, error.strerror, str(path)) from error
+
+    def _retry_or_fail(self, context: OutputContext, error: OSError) -> Exception:
+        """A retry of the step while the fault is transient and attempts are left, else its
+        final failure naming the file."""
+        verdict = classify(error)
+        step_context = context.step_context
+        attempt = step_context.previous_attempt_count + 1
+        step = StepContext(source=context.step_key.split(".", 1)[0],
+                           partition_key=_partitions(step_context.run_tags),
+                           step=f"{context.step_key}, output {context.name!r}")
+        if verdict.transient and attempt < self.policy.max_attempts:
+            wait = self.policy.wait_seconds(attempt)
+            context.log.warning(f"{step.describe()}: attempt {attempt} of "
+                                f"{self.policy.max_attempts} failed ({verdict.kind}: "
+                                f"{verdict.reason}); retrying in {wait:.1f}s")
+            return RetryRequested(max_retries=self.policy.max_attempts - 1, seconds_to_wait=wait)
+        return failure_for(step, verdict, attempt, self.policy)
+
+
+def _partitions(tags: dict[str, str]) -> str:
+    if PARTITION_TAG in tags:
+        return tags[PARTITION_TAG]
+    if RANGE_START_TAG in tags:
+        return f"{tags[RANGE_START_TAG]}..{tags.get(RANGE_END_TAG, '')}"
+    return "unpartitioned"
