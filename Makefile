@@ -52,7 +52,9 @@ bench: install-dev
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
-## The randomized reliability suite: crashes, faults and duplicates against real PostgreSQL.
+## The randomized reliability suite: crashes, faults and duplicates against real PostgreSQL, then
+## restarts of the warehouse, run storage, broker and daemon and a full disk under the production
+## deployment (webserver, daemon, Celery workers, Redis).
 chaos: install-dev
 	$(BIN)/python -m mostovik_pipelines_tests.chaos $(CHAOS_ARGS)
 

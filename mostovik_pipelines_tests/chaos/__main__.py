@@ -1,9 +1,11 @@
-"""``python -m mostovik_pipelines_tests.chaos [--seed N] [--scenarios N] [--cli-share F]``
+"""``python -m mostovik_pipelines_tests.chaos [--seed N] [--scenarios N] [--cli-share F]
+[--platform-scenarios N]``
 
-Starts its own PostgreSQL and stand-in, runs the scenarios, prints one line per scenario and a
-summary, and exits 1 if any partition differed from its expected state, any key was duplicated, a
-partition could not be settled or a dead run left a partition blocked. The same seed replays the
-same scenarios (timing aside).
+Starts its own PostgreSQL and stand-in, runs the scenarios, then the faults of the parts we stand
+on under the production deployment (:mod:`.platform`), prints one line per scenario and a summary
+of each, and exits 1 if any partition differed from its expected state, any key was duplicated, a
+partition could not be settled, a dead run left a partition blocked, or a run failed on a fault
+the deployment rides out. The same seed replays the same scenarios (timing aside).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 
 from mostovik_pipelines_tests.chaos import run_chaos
 from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
+from mostovik_pipelines_tests.chaos.platform import run_platform_chaos
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cli-share", type=float, default=0.35,
                         help="share of scenarios that start and kill `dagster job execute`, "
                              "and of re-executions from failure by `mostovik jobs rerun`")
+    parser.add_argument("--platform-scenarios", type=int, default=20,
+                        help="scenarios of warehouse, run-storage, broker, daemon and full-disk "
+                             "faults under the production deployment (0: none)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (run logs)")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
@@ -31,11 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         totals = run_chaos(env, seed, args.scenarios, args.cli_share,
                            log=lambda line: print(line, flush=True))
+        platform = (run_platform_chaos(env.postgres, env.standin_server, seed,
+                                       args.platform_scenarios,
+                                       log=lambda line: print(line, flush=True))
+                    if args.platform_scenarios else None)
     finally:
         if args.keep:
             print(f"work dir kept: {env.root}")
         env.close()
-    return 1 if totals.failures or totals.duplicates else 0
+    failed = totals.failures or totals.duplicates or (platform and platform.failures)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -193,7 +193,7 @@ class SourceModel:
                       force_unreadable: bool = False) -> Change:
         removed = self.removed.setdefault(day, set())
         present = [c for c in CODES if c not in removed]
-        values = {code: _random_rate(rng) for code in rng.sample(present, rng.randint(1, 3))}
+        values = {code: random_rate(rng) for code in rng.sample(present, rng.randint(1, 3))}
         remove: list[str] = []
         if len(removed) < MAX_REMOVED and rng.random() < 0.3:
             remove = [rng.choice([c for c in present if c not in values])]
@@ -214,7 +214,7 @@ class SourceModel:
         return change
 
 
-def _random_rate(rng: random.Random) -> str:
+def random_rate(rng: random.Random) -> str:
     amount = Decimal(rng.randint(1, 2_000_000)) / Decimal(10_000)
     return format(amount, "f").replace(".", ",")
 
@@ -283,7 +283,7 @@ class ChaosSuite:
     def final_sweep(self) -> None:
         """Every partition the suite ever touched, against its expected state once more: a
         scenario must not have disturbed the partitions of earlier ones."""
-        for problem in self._compare_all(sorted(self.loaded)):
+        for problem in self.compare(sorted(self.loaded)):
             self._fail(f"final sweep, {problem}", error=False)
         self.totals.kept_rows = sum(row is not None for (partition, _), row in self.kept.items()
                                     if partition in self.loaded)
@@ -305,7 +305,7 @@ class ChaosSuite:
             scope, touched, notes = self._single_scenario(rng, cli)
         self.env.standin.clear_faults()
         touched |= self._refresh(touched, notes)
-        problems = self._compare_all(sorted(touched))
+        problems = self.compare(sorted(touched))
         if self._killed_in_scenario:
             problems += self._check_not_blocked(scope, notes)
         self._report(number, notes, problems)
@@ -705,7 +705,7 @@ class ChaosSuite:
             status = self._finish(handle)
             if status == DagsterRunStatus.SUCCESS:
                 problems += [f"after the liveness check, {problem}"
-                             for problem in self._compare_all(scope)]
+                             for problem in self.compare(scope)]
             elif not handle.killed:
                 problems.append(f"the liveness check's run ended {_status_text(status)}")
         assert self._probe is not None
@@ -720,7 +720,7 @@ class ChaosSuite:
 
     # --- the judge ----------------------------------------------------------------------------
 
-    def _compare_all(self, partitions) -> list[str]:
+    def compare(self, partitions) -> list[str]:
         """Each partition against its expected state; the differences, counted."""
         partitions = list(partitions)
         references = self._references_of(partitions)
@@ -747,7 +747,7 @@ class ChaosSuite:
         return sorted([*rows, *kept], key=lambda row: row[CHAR_CODE]), quarantined
 
     def _report(self, number: int, notes: list[str], problems: list[str]) -> None:
-        duplicates = _duplicates(self.env.postgres.dsn(self.env.database))
+        duplicates = duplicated_keys(self.env.postgres.dsn(self.env.database))
         if duplicates:
             self.totals.duplicates += duplicates
             problems.append(f"{duplicates} duplicated keys")
@@ -825,7 +825,7 @@ def _stored_row(dsn: str, partition: str, code: str) -> tuple | None:
             (date.fromisoformat(partition), code)).fetchone()
 
 
-def _duplicates(dsn: str) -> int:
+def duplicated_keys(dsn: str) -> int:
     """Natural keys held more than once: in the table (its constraint forbids them) and in the
     quarantine (a partition's rejected row is kept once, whatever the number of runs)."""
     with psycopg.connect(dsn) as connection:

@@ -52,6 +52,8 @@ RUN_QUEUE_INTERVAL_SECONDS = 5
 BACKFILL_LIMIT_SECONDS = limit_for(BACKFILL_DAEMON_INTERVAL_SECONDS, ticks=3)
 RUN_LIMIT_SECONDS = limit_for(RUN_QUEUE_INTERVAL_SECONDS) + PROCESS_START_MARGIN_SECONDS
 """A queued run: launched by the queue, its worker process started, its steps run."""
+SUPERVISOR_RESTART_SECONDS = 5.0
+"""deploy/systemd's ``RestartSec`` for the webserver and the daemon."""
 ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -708,15 +710,17 @@ class DagsterGraphQL:
         assert result["scheduleState"]["status"] == "STOPPED", result
 
     def launch_partition_backfill(self, asset_keys: Sequence[str | Sequence[str]],
-                                  partition_names: Sequence[str]) -> str:
+                                  partition_names: Sequence[str],
+                                  tags: Mapping[str, str] | None = None) -> str:
         """An asset backfill of ``partition_names``, as the UI's "Materialize selected" dialog
-        launches it; its backfill id. A string key is a one-part asset key path."""
+        launches it (with the dialog's ``tags``, which its runs carry); its backfill id. A
+        string key is a one-part asset key path."""
         backfill_params = {
             "assetSelection": [{"path": [key] if isinstance(key, str) else list(key)}
                                for key in asset_keys],
             "partitionNames": list(partition_names),
             "fromFailure": False,
-            "tags": [],
+            "tags": [{"key": key, "value": value} for key, value in (tags or {}).items()],
         }
         result = _expect(
             self.execute(LAUNCH_PARTITION_BACKFILL_MUTATION,
@@ -960,10 +964,7 @@ class DagsterServices:
         the daemon starts, so none of them ever ticks."""
         self._write_workspace()
         self._create_instance_storage()
-        self._start("webserver", [
-            str(BIN / "dagster-webserver"), "--host", "127.0.0.1", "--port", str(self.port),
-            "--workspace", str(self.workspace_file),
-        ], self.webserver_log)
+        self._start_webserver()
         deadline = time.monotonic() + timeout
         if self.stopped_schedules:
             self._wait_for_location(deadline)
@@ -984,12 +985,39 @@ class DagsterServices:
     def start_daemon(self, timeout: float = 180) -> None:
         """A new daemon, as systemd restarts one; returns once every daemon is healthy."""
         self._start_daemon()
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float = 180) -> None:
+        """Returns once every daemon the instance requires reports healthy to the webserver."""
         self._wait_for_daemons(time.monotonic() + timeout)
+
+    def revive(self, restart_seconds: float = SUPERVISOR_RESTART_SECONDS) -> list[str]:
+        """What the deployment's supervisor does (``Restart=on-failure``, ``RestartSec=5`` in
+        deploy/systemd): the webserver or daemon found exited is started again after
+        ``restart_seconds``. Returns the names of those started again."""
+        revived = []
+        for name, process in list(self._processes.items()):
+            if process.poll() is None:
+                continue
+            time.sleep(restart_seconds)
+            self._left_behind.append(process.pid)
+            if name == "daemon":
+                self._start_daemon()
+            else:
+                self._start_webserver()
+            revived.append(name)
+        return revived
 
     def _start_daemon(self) -> None:
         self._start("daemon", [
             str(BIN / "dagster-daemon"), "run", "--workspace", str(self.workspace_file),
         ], self.daemon_log)
+
+    def _start_webserver(self) -> None:
+        self._start("webserver", [
+            str(BIN / "dagster-webserver"), "--host", "127.0.0.1", "--port", str(self.port),
+            "--workspace", str(self.workspace_file),
+        ], self.webserver_log)
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM to both process groups, SIGKILL to whatever is left after ``grace`` seconds:

@@ -1,0 +1,447 @@
+"""Faults of the parts we stand on, at random, under the production deployment (ADR-011's
+infrastructure faults).
+
+The deployment is the runbook's, on this machine: deploy/dagster.yaml on a PostgreSQL server of
+its own (run storage), the warehouse, a persistent password-protected Redis as Celery broker and
+result backend, two Celery workers, the webserver and the daemon. A scenario launches partitions
+of the CBR source as an operator does in the UI (a backfill, which is one ranged run, or a run
+per partition through the run queue), after a random change of some of their rates, and while
+its runs are queued or running brings one part down for a random outage:
+
+* ``warehouse``: the warehouse server stops as in a crash (``pg_ctl -m immediate``), then comes
+  back on its data;
+* ``run_storage``: the same for the instance's PostgreSQL;
+* ``broker``: Redis is killed (SIGKILL), then started again on its data;
+* ``daemon``: dagster-daemon is killed (SIGKILL), then started again;
+* ``disk_full``: the landing store's disk is full from before the launch until a run's first
+  write to it has failed, then freed (only as root, which can mount a small disk).
+
+Scenarios take the kinds in turn, in a seeded order, so a short run has each. A webserver or
+daemon found exited is started again 5 s later, as deploy/systemd does; the summary counts it.
+
+Every fault is one the deployment promises to ride out without an operator, so the judge asks
+for all of it: every run of the scenario succeeded, each partition was materialised once, no run
+is left unfinished, the webserver answers and every daemon is healthy again, every partition
+equals a clean run of the source's current rates, no key is held twice; at the end, every
+backfill is marked completed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import httpx
+from dagster import DagsterEventType, DagsterInstance, RunsFilter
+
+from mostovik_pipelines import definitions
+from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
+from mostovik_pipelines_tests.chaos.scenarios import (
+    CODES,
+    ChaosSuite,
+    duplicated_keys,
+    partition_pool,
+    random_rate,
+)
+from mostovik_pipelines_tests.support.celery_workers import CeleryWorker
+from mostovik_pipelines_tests.support.disk import (
+    fill,
+    free,
+    mount_small_disk,
+    unmount_small_disk,
+    why_no_small_disk,
+)
+from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.redis import ThrowawayRedis
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
+from mostovik_pipelines_tests.support.webserver import (
+    BACKFILL_LIMIT_SECONDS,
+    SUPERVISOR_RESTART_SECONDS,
+    TERMINAL_RUN_STATUSES,
+    DagsterServices,
+    GraphQLError,
+    RunInfo,
+)
+
+KINDS = ("warehouse", "run_storage", "broker", "daemon", "disk_full")
+SCENARIO_TAG = "chaos/scenario"
+ASSET = "cbr_daily_rates"
+REPO = Path(__file__).resolve().parents[2]
+UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
+RUNS_LIMIT_SECONDS = BACKFILL_LIMIT_SECONDS + 2 * PROCESS_START_MARGIN_SECONDS
+"""A scenario's runs: launched by the backfill daemon or the queue, their steps on Celery, a
+part away for the outage on top."""
+
+
+@dataclass
+class PlatformTotals:
+    scenarios: int = 0
+    faults: Counter = field(default_factory=Counter)
+    """Faults per kind."""
+    longest_outage: dict[str, float] = field(default_factory=dict)
+    points: Counter = field(default_factory=Counter)
+    """Where the faults began: ``queued`` (right after the launch), ``running`` (a run had
+    started), ``before`` (a full disk, before the launch)."""
+    launches: Counter = field(default_factory=Counter)
+    runs: int = 0
+    failed_runs: int = 0
+    """Runs that did not succeed: a fault the deployment should have ridden out."""
+    not_once: int = 0
+    """Partitions materialised other than once by their scenario's runs."""
+    left_unfinished: int = 0
+    revived: Counter = field(default_factory=Counter)
+    """The webserver or the daemon found exited and started again, as systemd does."""
+    disk_full_hits: int = 0
+    """Full-disk faults a run's write met (a retried extract)."""
+    partitions: int = 0
+    differences: int = 0
+    duplicates: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+class PlatformEnvironment:
+    """The production deployment over a chaos environment's warehouse and stand-in."""
+
+    def __init__(self, chaos: ChaosEnvironment) -> None:
+        self.chaos = chaos
+        self.root = chaos.root / "platform"
+        self.root.mkdir()
+        self.run_storage = ThrowawayPostgres().start()
+        self.redis = ThrowawayRedis(persistent=True).start()
+        self.disk: Path | None = None
+        self.disk_refused = why_no_small_disk()
+        landing = self.root / "landing"
+        if self.disk_refused is None:
+            try:
+                mount_small_disk(self.root / "landing_disk", size="4m")
+                self.disk = self.root / "landing_disk"
+                landing = self.disk / "landing"
+                landing.mkdir()
+            except OSError as error:
+                self.disk_refused = str(error)
+        self.home, instance_environment = production_instance(
+            self.run_storage, "dagster_platform", self.root)
+        self.environment = {
+            **instance_environment,
+            "MOSTOVIK_EXECUTOR": "celery",
+            "MOSTOVIK_CELERY_BROKER_URL": self.redis.url(0),
+            "MOSTOVIK_CELERY_BACKEND_URL": self.redis.url(1),
+            "MOSTOVIK_DATABASE_URL": chaos.url,
+            "MOSTOVIK_CBR_URL": chaos.standin_server.cbr_url,
+            "MOSTOVIK_DATA_DIR": str(self.root / "data"),
+            "MOSTOVIK_STORAGE_DIR": str(self.root / "shared" / "storage"),
+            "MOSTOVIK_LANDING_DIR": str(landing),
+            "PYTHONPATH": str(REPO),
+        }
+        self.workers = [CeleryWorker(name, self.root / f"{name}.log")
+                        for name in ("worker-a", "worker-b")]
+        self.services = DagsterServices(
+            self.root, self.home, self.environment,
+            stopped_schedules=[schedule.name for schedule in definitions.defs.schedules or ()])
+        try:
+            for worker in self.workers:
+                worker.start(self.environment, cwd=self.root)
+            for worker in self.workers:
+                worker.wait_ready()
+            self.services.start()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(kind for kind in KINDS if kind != "disk_full" or self.disk is not None)
+
+    @contextlib.contextmanager
+    def instance(self) -> Iterator[DagsterInstance]:
+        with (mock.patch.dict(os.environ, self.environment),
+              DagsterInstance.from_config(str(self.home)) as instance):
+            yield instance
+
+    def close(self) -> None:
+        self.services.stop()
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                worker.stop()
+        self.redis.stop()
+        self.run_storage.stop()
+        if self.disk is not None:
+            unmount_small_disk(self.disk)
+
+
+class PlatformSuite:
+    def __init__(self, platform: PlatformEnvironment, seed: int,
+                 outage_seconds: tuple[float, float] = (3.0, 30.0), log=print) -> None:
+        self.platform = platform
+        self.chaos = platform.chaos
+        self.seed = seed
+        self.outage_seconds = outage_seconds
+        self.log = log
+        self.totals = PlatformTotals()
+        self.judge = ChaosSuite(self.chaos, seed, log=log)
+        self.pool = partition_pool(self.judge.today, 12)
+        self.backfills: list[str] = []
+        self.graphql = platform.services.graphql
+
+    def run(self, scenarios: int) -> PlatformTotals:
+        kinds: list[str] = []
+        for number in range(1, scenarios + 1):
+            if not kinds:
+                kinds = random.Random(f"{self.seed}:kinds:{number}").sample(
+                    self.platform.kinds, len(self.platform.kinds))
+            self.scenario(number, kinds.pop(0))
+        self._check_backfills_completed()
+        return self.totals
+
+    def scenario(self, number: int, kind: str) -> None:
+        rng = random.Random(f"{self.seed}:platform:{number}")
+        started = time.monotonic()
+        backfill = rng.random() < 0.5
+        if backfill:
+            first = rng.randrange(len(self.pool) - 1)
+            days = sorted(self.pool[first:first + rng.randint(1, 2)])
+            partitions = date_range(days[0], days[-1])
+        else:
+            days = partitions = tuple(sorted(rng.sample(self.pool, rng.randint(1, 3))))
+        for day in rng.sample(days, rng.randint(0, len(days))):
+            self.chaos.standin.change_cbr_rates(day, set_values={
+                code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
+        outage = rng.uniform(*self.outage_seconds)
+        point = "before" if kind == "disk_full" else rng.choice(("queued", "running"))
+        length = "until-written" if kind == "disk_full" else f"{outage:.0f}s"
+        notes = [kind, f"{length}@{point}", "backfill" if backfill else "runs",
+                 f"{partitions[0]}..{partitions[-1]}({len(partitions)})"]
+
+        tag = {SCENARIO_TAG: f"{self.seed}:{number}"}
+        if kind == "disk_full":
+            fill(self.platform.disk)
+        if backfill:
+            self.backfills.append(self.graphql.launch_partition_backfill([ASSET], partitions,
+                                                                         tags=tag))
+        else:
+            for partition in partitions:
+                self.graphql.launch_job_run(JOB, partition, tags=tag)
+        self.totals.launches["backfill" if backfill else "runs"] += 1
+        if point == "running":
+            self._wait_for(lambda: self._runs(tag, started=True), what="a started run")
+            time.sleep(rng.uniform(0, 3))
+        self._inject(kind, outage, tag)
+        self.totals.faults[kind] += 1
+        self.totals.points[point] += 1
+        if kind != "disk_full":
+            self.totals.longest_outage[kind] = max(outage,
+                                                   self.totals.longest_outage.get(kind, 0))
+
+        problems = self._judge(tag, partitions, expected_runs=None if backfill else len(days))
+        self.totals.scenarios += 1
+        self.totals.partitions += len(partitions)
+        notes.append(f"{time.monotonic() - started:.0f}s")
+        if problems:
+            self.totals.failures.append(f"scenario {number} ({' '.join(notes)}): "
+                                        + "; ".join(problems))
+        self.log(f"  #{number:<4} {' '.join(notes)}{'  FAILED: ' if problems else ''}"
+                 f"{'; '.join(problems)}")
+
+    # --- faults -------------------------------------------------------------------------------
+
+    def _inject(self, kind: str, outage: float, tag: dict[str, str]) -> None:
+        platform = self.platform
+        if kind == "disk_full":
+            # Full until a write met it (an extract retried), then freed at once.
+            self.totals.disk_full_hits += bool(self._wait_for(
+                lambda: self._retried(tag) or self._finished(tag),
+                what="a write to the full disk") and self._retried(tag))
+            free(platform.disk)
+            return
+        down, up = {
+            "warehouse": (self.chaos.postgres.pause, self.chaos.postgres.resume),
+            "run_storage": (platform.run_storage.pause, platform.run_storage.resume),
+            "broker": (platform.redis.crash, platform.redis.start),
+            "daemon": (platform.services.kill_daemon, platform.services.start_daemon),
+        }[kind]
+        down()
+        time.sleep(outage)
+        up()
+
+    # --- the judge ----------------------------------------------------------------------------
+
+    def _judge(self, tag: dict[str, str], partitions: tuple[str, ...],
+               expected_runs: int | None) -> list[str]:
+        problems: list[str] = []
+        try:
+            runs = self._wait_for(lambda: self._all_finished(tag, partitions, expected_runs),
+                                  what="the scenario's runs finished")
+        except AssertionError as error:
+            return [str(error)[:3000]]
+        self.totals.runs += len(runs)
+        for run in runs:
+            if run.status != "SUCCESS":
+                self.totals.failed_runs += 1
+                problems.append(f"run {run.run_id} {run.status}: "
+                                f"{self._quietly(self.graphql.run_errors, run.run_id)}")
+        counts = self._materialisations(runs)
+        wrong = {p: counts.get(p, 0) for p in partitions if counts.get(p, 0) != 1}
+        if wrong:
+            self.totals.not_once += len(wrong)
+            problems.append(f"materialised other than once: {wrong}")
+        try:
+            self.platform.services.wait_healthy(PROCESS_START_MARGIN_SECONDS)
+            unfinished = self.graphql.runs({"statuses": UNFINISHED})
+        except (AssertionError, httpx.HTTPError) as error:
+            return [*problems, f"the webserver or the daemon did not recover: {error}"[:3000]]
+        if unfinished:
+            self.totals.left_unfinished += len(unfinished)
+            problems.append(f"runs left unfinished: {[run.run_id for run in unfinished]}")
+        differences = self.judge.compare(partitions)
+        self.totals.differences += len(differences)
+        problems += differences
+        duplicates = duplicated_keys(self.chaos.postgres.dsn(self.chaos.database))
+        if duplicates:
+            self.totals.duplicates += duplicates
+            problems.append(f"{duplicates} duplicated keys")
+        return problems
+
+    def _check_backfills_completed(self) -> None:
+        for backfill_id in self.backfills:
+            try:
+                info = self.graphql.wait_for_backfill(backfill_id)
+            except AssertionError as error:
+                self.totals.failures.append(f"backfill {backfill_id}: {error}"[:3000])
+                continue
+            if info.status != "COMPLETED_SUCCESS":
+                self.totals.failures.append(f"backfill {backfill_id} {info.status}: {info.error}")
+
+    # --- reading the deployment ---------------------------------------------------------------
+
+    def _wait_for(self, check, what: str, limit: float = RUNS_LIMIT_SECONDS):
+        """``check``'s first truthy result, through outages of the webserver; a webserver or
+        daemon that exited meanwhile is started again, as its supervisor does."""
+        deadline = time.monotonic() + limit
+        while True:
+            for name in self.platform.services.revive(SUPERVISOR_RESTART_SECONDS):
+                self.totals.revived[name] += 1
+                self.log(f"    {name} had exited: started again")
+            result = self._quietly(check)
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not after {limit:.0f} s\n"
+                                     f"{self.platform.services.log_tails()}")
+            time.sleep(0.5)
+
+    @staticmethod
+    def _quietly(call, *args):
+        """``call(*args)``, or None while the webserver is away or answers with an error."""
+        try:
+            return call(*args)
+        except (GraphQLError, httpx.HTTPError):
+            return None
+
+    def _runs(self, tag: dict[str, str], started: bool = False) -> list[RunInfo]:
+        runs = self.graphql.runs({"tags": [{"key": k, "value": v} for k, v in tag.items()]})
+        return [run for run in runs if run.status == "STARTED"] if started else runs
+
+    def _finished(self, tag: dict[str, str]) -> bool:
+        runs = self._runs(tag)
+        return bool(runs) and all(run.status in TERMINAL_RUN_STATUSES for run in runs)
+
+    def _all_finished(self, tag: dict[str, str], partitions: tuple[str, ...],
+                      expected_runs: int | None) -> list[RunInfo] | None:
+        """The scenario's runs once all are finished and, but for a failed one, cover its
+        partitions (a backfill launches its run on a later pass of its daemon)."""
+        runs = self._runs(tag)
+        if not runs or any(run.status not in TERMINAL_RUN_STATUSES for run in runs):
+            return None
+        covered = {day for run in runs for day in _partitions_of(run)}
+        failed = any(run.status != "SUCCESS" for run in runs)
+        if expected_runs is not None and len(runs) < expected_runs:
+            return None
+        return runs if failed or covered >= set(partitions) else None
+
+    def _retried(self, tag: dict[str, str]) -> bool:
+        with self.platform.instance() as instance:
+            return any(instance.get_records_for_run(
+                run.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY).records
+                for run in instance.get_runs(RunsFilter(tags=tag)))
+
+    def _materialisations(self, runs: list[RunInfo]) -> Counter:
+        counts: Counter = Counter()
+        with self.platform.instance() as instance:
+            for run in runs:
+                for record in instance.get_records_for_run(
+                        run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION,
+                        limit=1000).records:
+                    counts[record.event_log_entry.dagster_event.partition] += 1
+        return counts
+
+
+def _partitions_of(run: RunInfo) -> tuple[str, ...]:
+    if PARTITION_TAG in run.tags:
+        return (run.tags[PARTITION_TAG],)
+    if RANGE_START_TAG in run.tags:
+        return date_range(run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG])
+    return ()
+
+
+def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed: int,
+                       scenarios: int, outage_seconds: tuple[float, float] = (3.0, 30.0),
+                       template: str | None = None, log=print) -> PlatformTotals:
+    """Start the deployment, run ``scenarios`` scenarios, print the summary."""
+    started = time.monotonic()
+    chaos = ChaosEnvironment(postgres=postgres, standin_server=standin_server, template=template)
+    try:
+        platform = PlatformEnvironment(chaos)
+        try:
+            log(f"platform chaos: seed {seed}, {scenarios} scenarios; deployment up in "
+                f"{time.monotonic() - started:.0f} s"
+                + (f" (no full-disk faults: {platform.disk_refused})"
+                   if platform.disk_refused else ""))
+            totals = PlatformSuite(platform, seed, outage_seconds, log=log).run(scenarios)
+        finally:
+            platform.close()
+    finally:
+        chaos.standin.clear_faults()
+        chaos.standin.reset_cbr_rates()
+        chaos.close()
+    log(platform_summary(totals, seed, time.monotonic() - started))
+    return totals
+
+
+def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:
+    outages = ", ".join(
+        f"{kind} {n}" + (f" (longest {totals.longest_outage[kind]:.0f} s)"
+                         if kind in totals.longest_outage else "")
+        for kind, n in sorted(totals.faults.items()))
+    return "\n".join([
+        "",
+        "platform chaos summary",
+        f"  scenarios run:        {totals.scenarios} ({_counts(totals.launches)}), "
+        f"{totals.partitions} partitions",
+        f"  faults per kind:      {outages}",
+        f"  where they began:     {_counts(totals.points)}",
+        f"  full disks met by a write (an extract retried): {totals.disk_full_hits}",
+        f"  webserver or daemon exited, started again by the supervisor: "
+        f"{sum(totals.revived.values())} ({_counts(totals.revived)})",
+        f"  runs:                 {totals.runs}, of which failed: {totals.failed_runs}",
+        f"  partitions not materialised exactly once: {totals.not_once}",
+        f"  runs left unfinished: {totals.left_unfinished}",
+        f"  differences found:    {totals.differences}",
+        f"  duplicates found:     {totals.duplicates}",
+        f"  failures:             {len(totals.failures)}",
+        f"  wall time:            {seconds:.0f} s",
+        f"  seed:                 {seed}",
+    ])
+
+
+def _counts(counter: Counter) -> str:
+    return ", ".join(f"{key} {n}" for key, n in sorted(counter.items())) or "none"
+
