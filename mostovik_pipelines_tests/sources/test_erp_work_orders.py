@@ -16,13 +16,15 @@ from zoneinfo import ZoneInfo
 import pandas as pd
 import psycopg
 import pytest
-from dagster import DagsterInstance
+from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
+from mostovik_pipelines.etl.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.etl.tracking import load_job
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import erp_work_orders
+from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
-from mostovik_pipelines_tests.support.postgres import dsn_of
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
 from mostovik_pipelines_tests.support.processes import DAGSTER, run_environment
 from mostovik_pipelines_tests.support.runs import run_partition
 from mostovik_pipelines_tests.support.waiting import (
@@ -253,6 +255,58 @@ def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
         output, _ = again.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
         assert again.returncode == 0, output[-3000:]
         assert [r["page"] for r in erp.requests("erp")] == list(range(1, pages + 1))
+
+
+@pytest.mark.slow
+def test_a_warehouse_crash_between_the_pages_of_a_sync_is_ridden_out_to_an_exact_table(
+    tmp_path, standin_server, erp, monkeypatch
+):
+    """The warehouse crashes (``pg_ctl -m immediate``) after a sync committed pages 1-3 of 6
+    and while page 4 is answered, and is back once the run has ridden out 15 s of it: the run
+    succeeds, no committed page is fetched again, and the table equals the source."""
+    day = "2026-11-10"
+    warehouse = ThrowawayPostgres().start()
+    try:
+        migrate.upgrade(warehouse.url())
+        erp.set_erp_volume(day, 600)
+        env = {**run_environment(tmp_path, warehouse.url(), standin_server.cbr_url),
+               "MOSTOVIK_ERP_URL": standin_server.erp_url,
+               "MOSTOVIK_ERP_ROWS_PER_COMMIT": "100"}  # a commit per page
+        erp.fault("hang", route="erp", page=4, seconds=300, match=f"updated_from={day}")
+        erp.forget_requests()
+        run = _start_sync(day, env, tmp_path)
+        wait_for_hanging_request(erp, f"updated_from={day}")
+        _wait_for_committed_pages(warehouse.url(), day, 3, run)
+        warehouse.pause()
+        erp.release_hangs()
+        with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+            def ridden_out() -> bool:
+                assert run.poll() is None, f"the run ended in the outage:\n{run.stdout.read()}"
+                return sum(r["wait_seconds"] for r in _retry_records(instance)
+                           if r.get("outage")) >= WAREHOUSE_DOWN_SECONDS
+            wait_until(ridden_out, PROCESS_START_MARGIN_SECONDS + 3 * WAREHOUSE_DOWN_SECONDS,
+                       "the sync riding out the warehouse's outage")
+        warehouse.resume()
+        output, _ = run.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
+        assert run.returncode == 0, output[-3000:]
+        asked = [request["page"] for request in erp.requests("erp")]
+        assert sorted(set(asked)) == list(range(1, 7)), asked
+        assert [page for page in asked if page <= 3] == [1, 2, 3], "a committed page refetched"
+        assert _committed_pages(warehouse.url(), day) is None
+        monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+        _assert_equals_source(warehouse.url(), erp, [day])
+    finally:
+        warehouse.stop()
+
+
+WAREHOUSE_DOWN_SECONDS = 15
+
+
+def _retry_records(instance: DagsterInstance) -> list[dict]:
+    return [record.event_log_entry.asset_observation.metadata[RETRY_METADATA_KEY].value
+            for record in instance.get_event_records(EventRecordsFilter(
+                DagsterEventType.ASSET_OBSERVATION))
+            if RETRY_METADATA_KEY in record.event_log_entry.asset_observation.metadata]
 
 
 def _instance_runs(env: dict) -> list[str]:
