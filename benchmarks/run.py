@@ -325,7 +325,7 @@ def _machine(server: ThrowawayPostgres) -> str:
         "dagster", "pandas", "pyarrow", "SQLAlchemy", "psycopg", "dlt"))
     return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
             f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
-            f"PostgreSQL {pg} (throw-away: fsync, synchronous_commit, full_page_writes off; "
+            f"PostgreSQL {pg} (throw-away: fsync and full_page_writes off; "
             f"shared_buffers 256MB); {packages}")
 
 
