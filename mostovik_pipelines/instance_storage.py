@@ -21,7 +21,9 @@ often is) is made again on a new connection, within the same budget: the call th
 rolled back, unless the database had committed it just before it went away and the answer was
 lost, when an event can be stored twice (a window of microseconds, against a failed run).
 The webserver replaces each storage's engine with its own (``optimize_for_webserver``); the
-new engine is guarded the same way.
+new engine is guarded the same way. Building the storages, which connects, waits out an outage
+too: a code server the daemon started during a restart failed to load for a minute otherwise,
+and every backfill the daemon evaluated meanwhile failed.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     connection each."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS))
+        outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))
         for storage in (self.run_storage, self.event_log_storage, self.schedule_storage):
             _ride_out_outages(storage, outage)
             # statement_timeout 0: no timeout (a webserver sets its own when it optimises).
@@ -131,7 +133,7 @@ class _Outage:
             try:
                 connection = dialect.connect(*cargs, **cparams)
             except dialect.loaded_dbapi.OperationalError as error:
-                if not any(sign in str(error).lower() for sign in AWAY):
+                if not _database_away(error):
                     raise
                 away = self._away_for()
                 if away > self.budget_seconds:
@@ -145,6 +147,35 @@ class _Outage:
             with self._guard:
                 self._since = None
             return connection
+
+    def building(self, build: Callable[[], None]) -> None:
+        """``build`` (dagster-postgres' storages, which connect to check or create their tables
+        and give up after a second of their own retries), again while the database is away, for
+        up to ``budget_seconds``: a process started during an outage (a code server the daemon
+        starts again, a run, a webserver) waits it out instead of failing to load."""
+        wait = 0.5
+        while True:
+            try:
+                build()
+            except Exception as error:
+                cause = error if isinstance(error, sqlalchemy.exc.OperationalError) else (
+                    error.__cause__)
+                if not isinstance(cause, sqlalchemy.exc.OperationalError) or not (
+                        _database_away(cause)):
+                    raise
+                away = self._away_for()
+                if away > self.budget_seconds:
+                    raise
+                logger.warning("run storage database away for %.0f s as the instance starts "
+                               "(%s); trying again, up to %.0f s (%s)", away,
+                               str(cause.orig).strip().splitlines()[0], self.budget_seconds,
+                               OUTAGE_ENV)
+                time.sleep(wait)
+                wait = min(wait * 2, 5.0)
+                continue
+            with self._guard:
+                self._since = None
+            return
 
     def retrying(self, call: Callable[..., T]) -> Callable[..., T]:
         """``call``, made again while the error it raises is a connection lost in flight (the
@@ -178,3 +209,7 @@ class _Outage:
             if self._since is None:
                 self._since = now
             return now - self._since
+
+
+def _database_away(error: Exception) -> bool:
+    return any(sign in str(error).lower() for sign in AWAY)

@@ -160,6 +160,36 @@ def test_a_storage_call_cut_off_in_flight_is_made_again_and_answers(
                 webserver, answer)
 
 
+STARTING_DOWN_SECONDS = 20  # dagster-postgres alone retries for about 6 s
+
+
+def test_an_instance_started_while_its_run_storage_is_away_waits_for_it(tmp_path, monkeypatch):
+    """A process that builds the instance while its PostgreSQL restarts (a code server the
+    daemon starts again, a run, a webserver) waits for the database and answers, instead of
+    failing to load: dagster-postgres alone gives up after about 6 s, and a daemon's code
+    location that failed to load fails every backfill it evaluates meanwhile."""
+    server = ThrowawayPostgres().start()
+    try:
+        home, environment = production_instance(server, "dagster_starting", tmp_path)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        with DagsterInstance.from_config(str(home)):
+            pass  # the instance's tables created, as on a deployed database
+        server.pause()
+        back = threading.Timer(STARTING_DOWN_SECONDS, server.resume)
+        back.start()
+        started = time.monotonic()
+        try:
+            with DagsterInstance.from_config(str(home)) as instance:
+                waited = time.monotonic() - started
+                assert instance.get_runs() == []
+        finally:
+            back.join()
+        assert waited >= STARTING_DOWN_SECONDS - 1, f"built in {waited:.1f} s, database away"
+    finally:
+        server.stop()
+
+
 def _read_run(instance: DagsterInstance, run_id: str, answer: dict) -> None:
     try:
         answer["run"] = instance.get_run_by_id(run_id)

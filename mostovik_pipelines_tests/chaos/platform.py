@@ -66,6 +66,7 @@ from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECOND
 from mostovik_pipelines_tests.support.webserver import (
     BACKFILL_LIMIT_SECONDS,
     SUPERVISOR_RESTART_SECONDS,
+    TERMINAL_BACKFILL_STATUSES,
     TERMINAL_RUN_STATUSES,
     DagsterServices,
     GraphQLError,
@@ -241,7 +242,8 @@ class PlatformSuite:
             self.totals.longest_outage[kind] = max(outage,
                                                    self.totals.longest_outage.get(kind, 0))
 
-        problems = self._judge(tag, partitions, expected_runs=None if backfill else len(days))
+        problems = self._judge(tag, partitions, expected_runs=None if backfill else len(days),
+                               backfill_id=self.backfills[-1] if backfill else None)
         self.totals.scenarios += 1
         self.totals.partitions += len(partitions)
         notes.append(f"{time.monotonic() - started:.0f}s")
@@ -275,11 +277,16 @@ class PlatformSuite:
     # --- the judge ----------------------------------------------------------------------------
 
     def _judge(self, tag: dict[str, str], partitions: tuple[str, ...],
-               expected_runs: int | None) -> list[str]:
+               expected_runs: int | None, backfill_id: str | None) -> list[str]:
         problems: list[str] = []
+
+        def finished() -> list[RunInfo] | None:
+            if backfill_id is not None:
+                self._backfill_not_given_up(backfill_id)
+            return self._all_finished(tag, partitions, expected_runs)
+
         try:
-            runs = self._wait_for(lambda: self._all_finished(tag, partitions, expected_runs),
-                                  what="the scenario's runs finished")
+            runs = self._wait_for(finished, what="the scenario's runs finished")
         except AssertionError as error:
             return [str(error)[:3000]]
         self.totals.runs += len(runs)
@@ -366,6 +373,13 @@ class PlatformSuite:
         if expected_runs is not None and len(runs) < expected_runs:
             return None
         return runs if failed or covered >= set(partitions) else None
+
+    def _backfill_not_given_up(self, backfill_id: str) -> None:
+        """Raises if the daemon ended the backfill other than by completing it (its runs would
+        never come: the judge reports it at once instead of waiting out its limit)."""
+        info = self.graphql.backfill_status(backfill_id)
+        if info.status in TERMINAL_BACKFILL_STATUSES and info.status != "COMPLETED_SUCCESS":
+            raise AssertionError(f"backfill {backfill_id} {info.status}: {info.error}"[:3000])
 
     def _retried(self, tag: dict[str, str]) -> bool:
         with self.platform.instance() as instance:

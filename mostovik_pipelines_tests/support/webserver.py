@@ -919,6 +919,17 @@ class DagsterGraphQL:
                 "repositoryName": self.repository_name}
 
 
+DAEMON_UNIT = REPO / "deploy" / "systemd" / "mostovik-daemon.service"
+
+
+def daemon_unit_environment() -> dict[str, str]:
+    """The ``Environment=`` settings of the deployment's daemon unit: the tests' daemon runs
+    with them, as systemd starts it."""
+    return dict(line.removeprefix("Environment=").split("=", 1)
+                for line in DAEMON_UNIT.read_text().splitlines()
+                if line.startswith("Environment="))
+
+
 class DagsterServices:
     """``dagster-webserver`` and ``dagster-daemon`` on ``dagster_home``, serving this project's
     code location, with logs and the workspace file under ``work_dir``; a context manager.
@@ -1011,7 +1022,7 @@ class DagsterServices:
     def _start_daemon(self) -> None:
         self._start("daemon", [
             str(BIN / "dagster-daemon"), "run", "--workspace", str(self.workspace_file),
-        ], self.daemon_log)
+        ], self.daemon_log, daemon_unit_environment())
 
     def _start_webserver(self) -> None:
         self._start("webserver", [
@@ -1066,10 +1077,12 @@ class DagsterServices:
         with mock.patch.dict(os.environ, self.environment):
             DagsterInstance.from_config(str(self.dagster_home)).dispose()
 
-    def _start(self, name: str, command: list[str], log_path: Path) -> None:
+    def _start(self, name: str, command: list[str], log_path: Path,
+               unit_environment: Mapping[str, str] | None = None) -> None:
         with log_path.open("ab") as log:
             self._processes[name] = subprocess.Popen(
-                command, env=self.environment, cwd=self.work_dir, stdout=log,
+                command, env={**self.environment, **(unit_environment or {})},
+                cwd=self.work_dir, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
 
