@@ -128,54 +128,51 @@ class _Outage:
         self._guard = threading.Lock()
 
     def connect(self, dialect, connection_record, cargs, cparams):
-        wait = 0.5
-        while True:
-            try:
-                connection = dialect.connect(*cargs, **cparams)
-            except dialect.loaded_dbapi.OperationalError as error:
-                if not _database_away(error):
-                    raise
-                away = self._away_for()
-                if away > self.budget_seconds:
-                    raise
-                logger.warning("run storage database away for %.0f s (%s); trying again, up "
-                               "to %.0f s (%s)", away, str(error).strip().splitlines()[0],
-                               self.budget_seconds, OUTAGE_ENV)
-                time.sleep(wait)
-                wait = min(wait * 2, 5.0)
-                continue
-            with self._guard:
-                self._since = None
-            return connection
+        def away(error: Exception) -> Exception | None:
+            refused = isinstance(error, dialect.loaded_dbapi.OperationalError)
+            return error if refused and _database_away(error) else None
+
+        return self._while_away(lambda: dialect.connect(*cargs, **cparams), away)
 
     def building(self, build: Callable[[], None]) -> None:
         """``build`` (dagster-postgres' storages, which connect to check or create their tables
-        and give up after a second of their own retries), again while the database is away, for
-        up to ``budget_seconds``: a process started during an outage (a code server the daemon
-        starts again, a run, a webserver) waits it out instead of failing to load."""
+        and give up after about 6 s of their own retries), again while the database is away:
+        a process started during an outage (a code server the daemon starts again, a run, a
+        webserver) waits it out instead of failing to load."""
+        def away(error: Exception) -> Exception | None:
+            cause = error if isinstance(error, sqlalchemy.exc.OperationalError) else (
+                error.__cause__)
+            refused = isinstance(cause, sqlalchemy.exc.OperationalError)
+            return cause.orig if refused and _database_away(cause) else None
+
+        self._while_away(build, away, " as the instance starts")
+
+    def _while_away(self, attempt: Callable[[], T], away: Callable[[Exception], Exception | None],
+                    when: str = "") -> T:
+        """``attempt()``, made again with backoff while it fails because the database is away
+        (``away`` gives the driver's error then, None for any other failure), for up to
+        ``budget_seconds`` of one outage, each wait logged."""
         wait = 0.5
         while True:
             try:
-                build()
+                result = attempt()
             except Exception as error:
-                cause = error if isinstance(error, sqlalchemy.exc.OperationalError) else (
-                    error.__cause__)
-                if not isinstance(cause, sqlalchemy.exc.OperationalError) or not (
-                        _database_away(cause)):
+                reason = away(error)
+                if reason is None:
                     raise
-                away = self._away_for()
-                if away > self.budget_seconds:
+                seconds = self._away_for()
+                if seconds > self.budget_seconds:
                     raise
-                logger.warning("run storage database away for %.0f s as the instance starts "
-                               "(%s); trying again, up to %.0f s (%s)", away,
-                               str(cause.orig).strip().splitlines()[0], self.budget_seconds,
+                logger.warning("run storage database away for %.0f s%s (%s); trying again, up "
+                               "to %.0f s (%s)", seconds, when,
+                               str(reason).strip().splitlines()[0], self.budget_seconds,
                                OUTAGE_ENV)
                 time.sleep(wait)
                 wait = min(wait * 2, 5.0)
                 continue
             with self._guard:
                 self._since = None
-            return
+            return result
 
     def retrying(self, call: Callable[..., T]) -> Callable[..., T]:
         """``call``, made again while the error it raises is a connection lost in flight (the

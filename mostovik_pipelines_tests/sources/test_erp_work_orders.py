@@ -24,7 +24,11 @@ from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
-from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
+from mostovik_pipelines_tests.support.postgres import (
+    ThrowawayPostgres,
+    backend_waiting_on_a_lock,
+    dsn_of,
+)
 from mostovik_pipelines_tests.support.processes import DAGSTER, run_environment
 from mostovik_pipelines_tests.support.runs import run_partition
 from mostovik_pipelines_tests.support.waiting import (
@@ -324,12 +328,8 @@ def _page_commit_held(url: str, page: int):
 
 def _a_commit_waits_for_the_hold(url: str, process) -> bool:
     assert process.poll() is None, process.stdout.read()[-3000:]
-    with psycopg.connect(dsn_of(url)) as connection:
-        return connection.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-            "AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = %s "
-            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            (HOLD_LOCK_KEY,)).fetchone()[0] > 0
+    with psycopg.connect(dsn_of(url), autocommit=True) as observer:
+        return backend_waiting_on_a_lock(observer, "%sync_progress%", timeout=0.2) is not None
 
 
 WAREHOUSE_DOWN_SECONDS = 15
