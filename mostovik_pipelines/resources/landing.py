@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import pickle
-import tempfile
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -86,7 +86,7 @@ class LandingStoreResource(ConfigurableResource):
         # Fields one level deep (``asdict`` deep-copies every cursor: a tenth of a sync's
         # landing time).
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
-        _write_atomically(record, json.dumps(fields, default=str, indent=1).encode(), durable)
+        _write_atomically(record, json.dumps(fields, default=str).encode(), durable)
         return payload
 
     def read(self, payload: LandedPayload) -> bytes:
@@ -162,17 +162,27 @@ def _record(path: Path) -> LandedPayload:
 
 
 def _write_atomically(path: Path, content: bytes, durable: bool = True) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    """Write ``content`` to a temporary file beside ``path`` and rename it into place, so a
+    reader sees the whole file or none. Plain ``os`` calls: a sync lands two files a page, and
+    ``tempfile`` with a buffered file object cost it twice the system calls' time."""
+    tmp = path.parent / f".tmp-{secrets.token_hex(8)}-{path.name}"
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view):]
             if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         if isinstance(error, OSError) and error.errno is not None and error.filename is None:
             # A failed write names no file (a full disk): say which, keeping the errno.
             raise OSError(error.errno, f"{error.strerror} (writing {path})", str(path)) from error
