@@ -19,7 +19,7 @@ their full budget. The same records show an operator every retry, per partition,
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dagster import (
     AssetKey,
@@ -32,6 +32,15 @@ from dagster import (
 )
 
 from mostovik_pipelines.etl.errors import Verdict, classify
+from mostovik_pipelines.settings import setting
+
+OUTAGE_SETTING = "MOSTOVIK_STEP_OUTAGE_SECONDS"
+
+
+def _outage_budget() -> float:
+    """The deployment's outage budget (``MOSTOVIK_STEP_OUTAGE_SECONDS``, 90 s): a site whose
+    database fails over in longer, or a test whose warehouse is away on purpose, sets it."""
+    return float(setting(OUTAGE_SETTING, "90"))
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ class RetryPolicy:
     """Share of the delay drawn at random, so that parallel runs do not retry in lockstep."""
     retry_after_cap_seconds: float = 300.0
     """The longest ``Retry-After`` honoured; a source asking for more is waited on this long."""
-    outage_seconds: float = 90.0
+    outage_seconds: float = field(default_factory=_outage_budget)
     """How long a step rides out the warehouse or the broker being away (a restart or failover
     takes ten to sixty seconds), retrying with backoff, before it fails as transient."""
 
@@ -139,7 +148,7 @@ def failure_for(step: StepContext, verdict: Verdict, attempt: int, policy: Retry
     if outage_waited is not None:
         headline = (f"{step.describe()}: {verdict.kind.replace('_', ' ')} for "
                     f"{outage_waited:.0f} s, past the {policy.outage_seconds:.0f} s a step rides "
-                    f"out; nothing of this step was committed")
+                    f"out ({OUTAGE_SETTING}); nothing of this step was committed")
     elif verdict.transient:
         headline = (
             f"{step.describe()}: source unavailable after {attempt} attempts"

@@ -18,6 +18,7 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from mostovik_pipelines.etl.factory import CONCURRENT_RUN_POLL_SECONDS
+from mostovik_pipelines.etl.retries import OUTAGE_SETTING
 from mostovik_pipelines.etl.runs_in_flight import LAUNCH_GRACE_SECONDS
 from mostovik_pipelines.etl.tags import STATUS_TAG
 from mostovik_pipelines_tests.support.postgres import free_port
@@ -68,12 +69,18 @@ def test_an_old_failed_run_reexecuted_after_a_newer_load_leaves_the_newer_figure
 ):
     # The old run fetches 70 for USD, then cannot reach the warehouse and fails in load.
     standin.change_cbr_rates(PARTITION, set_values={"USD": "70,0000"})
+    # (Away for good here: the step's outage budget is cut to seconds, not the 90 s a
+    # failover gets.)
     unreachable = {**env, "MOSTOVIK_DATABASE_URL":
-                   f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/nowhere"}
+                   f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/nowhere",
+                   OUTAGE_SETTING: "3"}
     _finish(start_job_execute(PARTITION, unreachable, tmp_path))
     instance = _instance(env)
     old = _newest_run(instance)
     assert old.status == DagsterRunStatus.FAILURE
+    [failure] = instance.all_logs(old.run_id, of_type=DagsterEventType.STEP_FAILURE)
+    assert f"past the 3 s a step rides out ({OUTAGE_SETTING})" in (
+        failure.dagster_event.step_failure_data.error.message)
 
     # The source corrects its figures and a new run loads them.
     standin.change_cbr_rates(PARTITION, set_values={"USD": "75,5000"})
