@@ -74,13 +74,6 @@ def save_progress(connection: Connection, source: str, partition_key: str, pages
         index_elements=[sync_progress.c.source, sync_progress.c.partition_key], set_=values))
 
 
-def forget_progress(engine: Engine, source: str, partition_key: str) -> None:
-    """Drop a partition's checkpoint: its next run is a full re-sync."""
-    with engine.begin() as connection:
-        connection.execute(delete(sync_progress).where(
-            sync_progress.c.source == source, sync_progress.c.partition_key == partition_key))
-
-
 def pages_to_resume(landed: list[LandedPayload], pages_committed: int,
                     next_cursor: PageCursor | None,
                     whole: Callable[[LandedPayload], bool]) -> list[LandedPayload]:
