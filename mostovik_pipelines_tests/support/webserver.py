@@ -994,9 +994,11 @@ class DagsterServices:
         self._left_behind.append(process.pid)
 
     def start_daemon(self, timeout: float = 180) -> None:
-        """A new daemon, as systemd restarts one; returns once every daemon is healthy."""
+        """A new daemon, as systemd restarts one; returns once every daemon has reported healthy
+        since it started (a killed daemon's last heartbeats still read as healthy for a while)."""
+        started = time.time()
         self._start_daemon()
-        self.wait_healthy(timeout)
+        self._wait_for_daemons(time.monotonic() + timeout, heartbeat_since=started)
 
     def wait_healthy(self, timeout: float = 180) -> None:
         """Returns once every daemon the instance requires reports healthy to the webserver."""
@@ -1110,13 +1112,15 @@ class DagsterServices:
                                      f"(webserver: {status})\n{self.log_tails()}")
             time.sleep(0.5)
 
-    def _wait_for_daemons(self, deadline: float) -> None:
+    def _wait_for_daemons(self, deadline: float, heartbeat_since: float = 0.0) -> None:
         unhealthy: dict[str, Any] = {}
         while True:
             self._check_alive("healthy daemons")
             statuses = self.graphql.daemon_statuses()
             unhealthy = {kind: status for kind, status in statuses.items()
-                         if status["required"] and not status["healthy"]}
+                         if status["required"] and not (
+                             status["healthy"]
+                             and (status["lastHeartbeatTime"] or 0.0) >= heartbeat_since)}
             if statuses and not unhealthy:
                 return
             if time.monotonic() > deadline:
