@@ -957,6 +957,9 @@ class DagsterServices:
         self._left_behind: list[int] = []
         """Process groups of killed processes: what they left running (code servers, run
         workers) is ended with the services."""
+        self._daemon_started_at = 0.0
+        """When the running daemon was started: only its heartbeats since count as healthy (a
+        killed daemon's last heartbeats still read as healthy for a while)."""
 
     def __enter__(self) -> DagsterServices:
         try:
@@ -994,14 +997,13 @@ class DagsterServices:
         self._left_behind.append(process.pid)
 
     def start_daemon(self, timeout: float = 180) -> None:
-        """A new daemon, as systemd restarts one; returns once every daemon has reported healthy
-        since it started (a killed daemon's last heartbeats still read as healthy for a while)."""
-        started = time.time()
+        """A new daemon, as systemd restarts one; returns once every daemon is healthy."""
         self._start_daemon()
-        self._wait_for_daemons(time.monotonic() + timeout, heartbeat_since=started)
+        self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float = 180) -> None:
-        """Returns once every daemon the instance requires reports healthy to the webserver."""
+        """Returns once every daemon the instance requires reports healthy to the webserver,
+        with a heartbeat of the daemon running now."""
         self._wait_for_daemons(time.monotonic() + timeout)
 
     def revive(self, restart_seconds: float = SUPERVISOR_RESTART_SECONDS) -> list[str]:
@@ -1022,6 +1024,7 @@ class DagsterServices:
         return revived
 
     def _start_daemon(self) -> None:
+        self._daemon_started_at = time.time()
         self._start("daemon", [
             str(BIN / "dagster-daemon"), "run", "--workspace", str(self.workspace_file),
         ], self.daemon_log, daemon_unit_environment())
@@ -1112,7 +1115,7 @@ class DagsterServices:
                                      f"(webserver: {status})\n{self.log_tails()}")
             time.sleep(0.5)
 
-    def _wait_for_daemons(self, deadline: float, heartbeat_since: float = 0.0) -> None:
+    def _wait_for_daemons(self, deadline: float) -> None:
         unhealthy: dict[str, Any] = {}
         while True:
             self._check_alive("healthy daemons")
@@ -1120,7 +1123,7 @@ class DagsterServices:
             unhealthy = {kind: status for kind, status in statuses.items()
                          if status["required"] and not (
                              status["healthy"]
-                             and (status["lastHeartbeatTime"] or 0.0) >= heartbeat_since)}
+                             and (status["lastHeartbeatTime"] or 0.0) >= self._daemon_started_at)}
             if statuses and not unhealthy:
                 return
             if time.monotonic() > deadline:
