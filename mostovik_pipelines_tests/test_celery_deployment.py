@@ -191,6 +191,11 @@ def deployment(
     deployment = Deployment(home, work_dir, environment, postgres.url(warehouse_db),
                             secrets=[redis_server.password, postgres.password])
     try:
+        # The deployment's webserver and daemon create the instance's tables when they first
+        # start; this module runs neither, and five runs started at once on an empty database
+        # would race to create them (one fails on a duplicate CREATE TABLE).
+        with deployment.instance():
+            pass
         for name in ("worker-a", "worker-b"):
             deployment.start_worker(name)
         for worker in deployment.workers.values():
@@ -355,8 +360,11 @@ def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_lose
     time.sleep(max(0.0, BROKER_DOWN_SECONDS - (time.monotonic() - crashed_at)))  # the outage
     redis_server.start()
 
-    codes = [deployment.finish(process, timeout=300) for process in processes]
-    assert codes == [0] * len(BROKER_RESTART), "\n".join(deployment.outputs[-5:])[-6000:]
+    outputs = [(deployment.finish(process, timeout=300), deployment.outputs[-1])
+               for process in processes]
+    assert [code for code, _ in outputs] == [0] * len(BROKER_RESTART), "\n".join(
+        f"--- run of {partition} exited {code}:\n{output[-4000:]}"
+        for partition, (code, output) in zip(BROKER_RESTART, outputs, strict=True) if code)
     with deployment.instance() as instance:
         runs = instance.get_runs(RunsFilter(tags={CASE_TAG: "broker-restart"}))
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
