@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ import httpx
 import yaml
 from dagster import DagsterInstance
 
+from mostovik_pipelines_tests.support import dagster_daemon
+from mostovik_pipelines_tests.support.dagster_daemon import BACKFILL_INTERVAL_SECONDS
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import DAGSTER, REPO
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, limit_for
@@ -44,9 +47,10 @@ TERMINAL_BACKFILL_STATUSES = frozenset(
     {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 )
 LOG_TAIL_CHARS = 4000
-BACKFILL_DAEMON_INTERVAL_SECONDS = 30
-"""How often Dagster's backfill daemon looks at a backfill (its own default, not configurable):
-one pass launches the runs whose partitions are due, a later one marks the backfill done."""
+BACKFILL_DAEMON_INTERVAL_SECONDS = BACKFILL_INTERVAL_SECONDS
+"""How often the tests' backfill daemon looks at a backfill (Dagster's own: 30 s, see
+support/dagster_daemon.py): one pass launches the runs whose partitions are due, a later one
+marks the backfill done."""
 RUN_QUEUE_INTERVAL_SECONDS = 5
 """How often the daemon's run queue launches queued runs (QueuedRunCoordinator's default)."""
 BACKFILL_LIMIT_SECONDS = limit_for(BACKFILL_DAEMON_INTERVAL_SECONDS, ticks=3)
@@ -1026,7 +1030,7 @@ class DagsterServices:
     def _start_daemon(self) -> None:
         self._daemon_started_at = time.time()
         self._start("daemon", [
-            str(BIN / "dagster-daemon"), "run", "--workspace", str(self.workspace_file),
+            sys.executable, dagster_daemon.__file__, "run", "--workspace", str(self.workspace_file),
         ], self.daemon_log, daemon_unit_environment())
 
     def _start_webserver(self) -> None:
