@@ -34,6 +34,7 @@ from dagster import DagsterInstance
 
 from mostovik_pipelines_tests.support import dagster_daemon
 from mostovik_pipelines_tests.support.dagster_daemon import BACKFILL_INTERVAL_SECONDS
+from mostovik_pipelines_tests.support.instances import RUN_QUEUE_INTERVAL_SECONDS
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import DAGSTER, REPO
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, limit_for
@@ -51,8 +52,6 @@ BACKFILL_DAEMON_INTERVAL_SECONDS = BACKFILL_INTERVAL_SECONDS
 """How often the tests' backfill daemon looks at a backfill (Dagster's own: 30 s, see
 support/dagster_daemon.py): one pass launches the runs whose partitions are due, a later one
 marks the backfill done."""
-RUN_QUEUE_INTERVAL_SECONDS = 5
-"""How often the daemon's run queue launches queued runs (QueuedRunCoordinator's default)."""
 BACKFILL_LIMIT_SECONDS = limit_for(BACKFILL_DAEMON_INTERVAL_SECONDS, ticks=3)
 RUN_LIMIT_SECONDS = limit_for(RUN_QUEUE_INTERVAL_SECONDS) + PROCESS_START_MARGIN_SECONDS
 """A queued run: launched by the queue, its worker process started, its steps run."""
