@@ -36,7 +36,10 @@ from mostovik_pipelines_tests.support.celery_workers import (
     celery_command,
     celery_environment,
 )
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.instances import (
+    create_instance_storage,
+    production_instance,
+)
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import (
     ThrowawayPostgres,
@@ -191,11 +194,8 @@ def deployment(
     deployment = Deployment(home, work_dir, environment, postgres.url(warehouse_db),
                             secrets=[redis_server.password, postgres.password])
     try:
-        # The deployment's webserver and daemon create the instance's tables when they first
-        # start; this module runs neither, and five runs started at once on an empty database
-        # would race to create them (one fails on a duplicate CREATE TABLE).
-        with deployment.instance():
-            pass
+        # This module runs no webserver or daemon, which would create the tables first.
+        create_instance_storage(home, deployment.environment)
         for name in ("worker-a", "worker-b"):
             deployment.start_worker(name)
         for worker in deployment.workers.values():

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from unittest import mock
 
 import psycopg
 import yaml
+from dagster import DagsterInstance
 
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
@@ -37,3 +41,12 @@ def production_instance(postgres: ThrowawayPostgres, database: str,
         "MOSTOVIK_DAGSTER_ARTIFACT_DIR": str(work_dir / "artifacts"),
         "MOSTOVIK_DAGSTER_LOG_DIR": str(work_dir / "compute_logs"),
     }
+
+
+def create_instance_storage(home: Path, environment: Mapping[str, str]) -> None:
+    """Create the instance's tables on its fresh database once, as the deployment's first
+    webserver or daemon start does: processes started together on an empty database (the
+    webserver and the daemon, or runs) race to create them, and the loser fails on a duplicate
+    ``CREATE TABLE``."""
+    with mock.patch.dict(os.environ, environment):
+        DagsterInstance.from_config(str(home)).dispose()

@@ -26,15 +26,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import httpx
 import yaml
-from dagster import DagsterInstance
 
 from mostovik_pipelines_tests.support import dagster_daemon
-from mostovik_pipelines_tests.support.dagster_daemon import BACKFILL_INTERVAL_SECONDS
-from mostovik_pipelines_tests.support.instances import RUN_QUEUE_INTERVAL_SECONDS
+from mostovik_pipelines_tests.support.instances import (
+    RUN_QUEUE_INTERVAL_SECONDS,
+    create_instance_storage,
+)
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import DAGSTER, REPO
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, limit_for
@@ -48,11 +48,9 @@ TERMINAL_BACKFILL_STATUSES = frozenset(
     {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 )
 LOG_TAIL_CHARS = 4000
-BACKFILL_DAEMON_INTERVAL_SECONDS = BACKFILL_INTERVAL_SECONDS
-"""How often the tests' backfill daemon looks at a backfill (Dagster's own: 30 s, see
-support/dagster_daemon.py): one pass launches the runs whose partitions are due, a later one
-marks the backfill done."""
-BACKFILL_LIMIT_SECONDS = limit_for(BACKFILL_DAEMON_INTERVAL_SECONDS, ticks=3)
+BACKFILL_LIMIT_SECONDS = limit_for(dagster_daemon.BACKFILL_INTERVAL_SECONDS, ticks=3)
+"""A backfill: one pass of the tests' backfill daemon launches the runs whose partitions are
+due, a later one marks the backfill done."""
 RUN_LIMIT_SECONDS = limit_for(RUN_QUEUE_INTERVAL_SECONDS) + PROCESS_START_MARGIN_SECONDS
 """A queued run: launched by the queue, its worker process started, its steps run."""
 SUPERVISOR_RESTART_SECONDS = 5.0
@@ -980,7 +978,7 @@ class DagsterServices:
         instance requires is healthy. The ``stopped_schedules`` are stopped in the UI before
         the daemon starts, so none of them ever ticks."""
         self._write_workspace()
-        self._create_instance_storage()
+        create_instance_storage(self.dagster_home, self.environment)
         self._start_webserver()
         deadline = time.monotonic() + timeout
         if self.stopped_schedules:
@@ -1078,12 +1076,6 @@ class DagsterServices:
             "location_name": self.location_name,
             "working_directory": str(REPO),
         }}]}))
-
-    def _create_instance_storage(self) -> None:
-        # The webserver and the daemon would both create the storage tables of a fresh instance
-        # database at start, racing each other; create them once here first.
-        with mock.patch.dict(os.environ, self.environment):
-            DagsterInstance.from_config(str(self.dagster_home)).dispose()
 
     def _start(self, name: str, command: list[str], log_path: Path,
                unit_environment: Mapping[str, str] | None = None) -> None:
