@@ -102,7 +102,7 @@ def _run_sample_files(spec: SourceSpec, defs: Definitions, instance: DagsterInst
     from dagster import DagsterRun, RunsFilter, build_sensor_context
     from dagster._core.storage.tags import RUN_KEY_TAG
 
-    from mostovik_pipelines.etl.factory import source_resource_key
+    from mostovik_pipelines.etl.resource_keys import source_resource_key
     from mostovik_pipelines.etl.tracking import JobStatus, load_job
 
     source_job = defs.resolve_job_def(f"{spec.name}_job")

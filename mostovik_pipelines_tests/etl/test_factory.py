@@ -67,10 +67,10 @@ def test_a_retried_ranged_extract_resumes_instead_of_fetching_again(
 def test_a_commit_group_joins_pages_given_as_columns_or_frames_in_page_order():
     import pandas as pd
 
-    from mostovik_pipelines.etl.factory import _PageGroup
     from mostovik_pipelines.etl.spec import ParsedRows, RejectedRow
+    from mostovik_pipelines.etl.steps.transform import PageGroup
 
-    group = _PageGroup()
+    group = PageGroup()
     received = group.add(1, ParsedRows({"id": ["a", "b"], "n": [1, 2]}), 0)
     received = group.add(2, ParsedRows(pd.DataFrame({"id": ["c"], "n": [3]}),
                                        [RejectedRow(2, "{}", "unreadable")], [1]), received)

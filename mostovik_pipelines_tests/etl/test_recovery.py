@@ -17,9 +17,9 @@ from urllib.parse import unquote
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.etl.factory import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines.etl.retries import OUTAGE_SETTING
 from mostovik_pipelines.etl.runs_in_flight import LAUNCH_GRACE_SECONDS
+from mostovik_pipelines.etl.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines.etl.tags import STATUS_TAG
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import (
