@@ -62,7 +62,7 @@ def _pandas(engine: str) -> Callable[[bytes], list[list[Any]]]:
 
 
 def _ours(content: bytes) -> str:
-    from mostovik_pipelines.sources.material_deliveries import parse_delivery_report
+    from mostovik_pipelines.readers.delivery_report import parse_delivery_report
 
     parsed = parse_delivery_report(content, "bench.xlsx", "bench", max_bytes=len(content) + 1)
     first = f", first quantity {parsed.frame['quantity'].iloc[0]}" if len(parsed.frame) else ""

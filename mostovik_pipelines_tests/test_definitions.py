@@ -154,3 +154,19 @@ def test_dg_checks_lists_and_launches_next_to_the_classic_cli(
     assert run.tags["dagster/partition"] == "2026-11-02"
     assert run.tags["mostovik/status"] == "completed"
     assert len(table_rows(sqlite_warehouse_url, "cbr_daily_rates")) == 12
+
+
+STEP_LIBRARIES = ("pandas", "numpy", "pyarrow", "pgpq", "psycopg", "httpx", "python_calamine")
+"""What the steps use to fetch, read and load, and loading the code location must not import:
+every code server, daemon and webserver process loads it, most never run a step."""
+
+
+def test_loading_the_code_location_imports_none_of_the_steps_libraries():
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, mostovik_pipelines.definitions; "
+         f"print(' '.join(m for m in {STEP_LIBRARIES!r} if m in sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []

@@ -29,7 +29,8 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstrain
 
 from mostovik_pipelines import cli
 from mostovik_pipelines.etl import loading_sql
-from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
+from mostovik_pipelines.etl.load_target import LoadMode, LoadTarget
+from mostovik_pipelines.etl.loading import load_partition
 from mostovik_pipelines.etl.quarantine import quarantined_rows, replace_quarantine
 from mostovik_pipelines.etl.retries import OUTAGE_SETTING
 from mostovik_pipelines.etl.spec import RejectedRow

@@ -280,7 +280,7 @@ def _published_rates(standin_server: StandinServer, partition: str) -> dict[str,
     response = httpx.get(standin_server.cbr_url, params={"date_req": f"{asked:%d/%m/%Y}"})
     frame = cbr_daily_rates.parse_daily_rates(TransformRequest(
         source=ASSET, partition_key=partition, content=response.content,
-        content_type="application/xml", fetched_at=datetime.now(UTC))).frame
+        content_type="application/xml", fetched_at=datetime.now(UTC))).as_frame()
     assert len(frame) == RATES_PER_DATE
     return {row.char_code: (row.rate_date, row.cbr_id, row.num_code, row.nominal, row.name,
                             row.value, row.unit_rate) for row in frame.itertuples()}

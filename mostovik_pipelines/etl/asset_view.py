@@ -11,9 +11,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from dagster import (
     MetadataValue,
     TableColumn,
@@ -25,6 +24,9 @@ from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql
 
 from mostovik_pipelines.etl.spec import SourceSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WAREHOUSE_KIND = "postgres"
 """The production warehouse's storage (the local demo's SQLite has the same tables)."""
@@ -81,6 +83,8 @@ def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
 
 
 def _cell(value: Any) -> str:
+    import pandas as pd  # a step's frames: loaded already (declaring the asset needs none)
+
     text = "" if value is None or (not isinstance(value, str) and pd.isna(value)) else str(value)
     text = text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
     return text if len(text) <= CELL_CHARACTERS else text[:CELL_CHARACTERS - 1] + "…"

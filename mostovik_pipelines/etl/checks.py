@@ -27,11 +27,8 @@ import io
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.csv as pa_csv
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckSeverity,
@@ -49,7 +46,7 @@ from sqlalchemy import Engine, func, select, text, tuple_
 
 from mostovik_pipelines.etl.asset_view import markdown_table
 from mostovik_pipelines.etl.errors import classify
-from mostovik_pipelines.etl.loading import LoadMode
+from mostovik_pipelines.etl.load_target import LoadMode
 from mostovik_pipelines.etl.quarantine import quarantined_rows
 from mostovik_pipelines.etl.spec import (
     CheckRequest,
@@ -58,6 +55,9 @@ from mostovik_pipelines.etl.spec import (
     ReceivedRows,
     SourceSpec,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SAMPLE_ROWS = 5
 """Offending rows shown in a failed check's metadata."""
@@ -105,8 +105,8 @@ def evaluate_partition(engine: Engine, spec: SourceSpec, partition_key: str, run
         request = CheckRequest(
             connection=connection, table=spec.table, partition_key=partition_key,
             partition_value=spec.load_target.partition_value(partition_key), run_id=run_id,
-            received=(ReceivedRows.of(received) if isinstance(received, pd.DataFrame)
-                      else received),
+            received=(received if isinstance(received, ReceivedRows)
+                      else ReceivedRows.of(received)),
             received_rows=received_rows, loaded_by_run=tuple(loaded_by_run),
         )
         for check in partition_checks(spec):
@@ -177,6 +177,9 @@ def _compare_versions_postgresql(request: CheckRequest, key: str, version: str
     """The same on PostgreSQL: the received versions are copied into a temporary table a
     batch at a time and compared in one join (a join per batch hashed the whole table each
     time: 2 s for a window of 100,000)."""
+    import pyarrow as pa  # the loader's, loaded already (declaring the checks needs none)
+    import pyarrow.csv as pa_csv
+
     connection, table = request.connection, request.table
     quote = connection.dialect.identifier_preparer.quote
     key_type = table.c[key].type.compile(dialect=connection.dialect)

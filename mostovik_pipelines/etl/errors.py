@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
-import psycopg
 import sqlalchemy.exc
+
+if TYPE_CHECKING:
+    import psycopg
 
 # SQLSTATEs that are worth another attempt of the whole load transaction.
 TRANSIENT_SQLSTATES = {
@@ -185,15 +188,20 @@ def classify(exc: BaseException) -> Verdict:
     reason = _describe(exc)
     if isinstance(exc, PipelineError):
         return Verdict(exc.transient, exc.kind, reason, getattr(exc, "retry_after", None))
-    if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+    # The HTTP client and the driver are looked up, not imported: an error of a library no code
+    # imported cannot have been raised, and a process that loads the code location only (the
+    # daemon classifying a sensor's failure) does not pay for them.
+    httpx = sys.modules.get("httpx")
+    psycopg = sys.modules.get("psycopg")
+    if httpx and isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
         return Verdict(False, "configuration_error", reason)
-    if isinstance(exc, httpx.TimeoutException):
+    if httpx and isinstance(exc, httpx.TimeoutException):
         return Verdict(True, "timeout", reason)
-    if isinstance(exc, httpx.TransportError):
+    if httpx and isinstance(exc, httpx.TransportError):
         return Verdict(True, "network", reason)
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
         return _classify_database_error(exc, reason)
-    if isinstance(exc, psycopg.Error):
+    if psycopg and isinstance(exc, psycopg.Error):
         # Raised by the driver itself, unwrapped, on the loader's COPY path.
         return _classify_driver_error(exc, reason)
     if isinstance(exc, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError):
@@ -241,6 +249,7 @@ def _classify_database_error(exc: sqlalchemy.exc.DBAPIError, reason: str) -> Ver
 
 
 def _classify_driver_error(exc: psycopg.Error, reason: str) -> Verdict:
+    psycopg = sys.modules["psycopg"]
     sqlstate = exc.sqlstate
     if sqlstate in UNAVAILABLE_SQLSTATES:
         return Verdict(True, "database_connection_lost",

@@ -13,7 +13,6 @@ stop its process, which goes on loading (:data:`FAILED_BUT_ALIVE_LOOKBACK_SECOND
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -45,17 +44,6 @@ LAUNCH_GRACE_SECONDS = 10.0
 created or last changed status: between its launch and the start of its executor (process
 start-up, loading the code). A run that started a step took its claim before: without it, it
 is dead at once."""
-
-
-class ConcurrentRunPolicy(enum.StrEnum):
-    """What a run does when an older run of the same source and partition is in progress."""
-
-    WAIT = "wait"
-    """Wait for it, then run: the duplicate was asked for (an operator's re-run while the
-    schedule's run is going), so it should still deliver a fresh result, after the other."""
-
-    STOP = "stop"
-    """Stop at once, loading nothing, with a message naming the other run."""
 
 
 @dataclass(frozen=True)

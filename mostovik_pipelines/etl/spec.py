@@ -10,9 +10,8 @@ import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from dagster import (
     BackfillPolicy,
     ConfigurableResource,
@@ -22,10 +21,23 @@ from dagster import (
 )
 from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
-from mostovik_pipelines.etl.loading import KeyHeldElsewhere, LoadMode, LoadTarget
+from mostovik_pipelines.etl.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.etl.runs_in_flight import ConcurrentRunPolicy
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class ConcurrentRunPolicy(enum.StrEnum):
+    """What a run does when an older run of the same source and partition is in progress."""
+
+    WAIT = "wait"
+    """Wait for it, then run: the duplicate was asked for (an operator's re-run while the
+    schedule's run is going), so it should still deliver a fresh result, after the other."""
+
+    STOP = "stop"
+    """Stop at once, loading nothing, with a message naming the other run."""
 
 
 class JobType(enum.StrEnum):
@@ -123,15 +135,10 @@ class ParsedRows:
     elsewhere) name the row an operator opens; by default the frame's own order."""
 
     def as_frame(self) -> pd.DataFrame:
-        return self.frame if isinstance(self.frame, pd.DataFrame) else columns_frame(self.frame)
+        """The rows as a frame (built here, when a step or a test reads them)."""
+        from mostovik_pipelines.etl.validation import columns_frame
 
-
-def columns_frame(columns: Mapping[str, list]) -> pd.DataFrame:
-    """A frame of columns given as lists; without rows, its columns hold objects (as a frame
-    declared with no data), not floats."""
-    if not any(len(values) for values in columns.values()):
-        return pd.DataFrame(columns=list(columns))
-    return pd.DataFrame(columns)
+        return columns_frame(self.frame) if isinstance(self.frame, Mapping) else self.frame
 
 
 @dataclass(frozen=True)

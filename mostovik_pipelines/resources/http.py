@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
@@ -17,6 +17,9 @@ from mostovik_pipelines.etl.errors import (
     SourceRequestRejected,
     SourceUnavailable,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class HttpSourceResource(ConfigurableResource):
     def setup_for_execution(self, context: InitResourceContext) -> None:
         # One client per step: its connection pool and TLS context serve every request of a
         # ranged run, instead of a new handshake and CA bundle load (~50 ms) per partition.
+        # The client library is imported by the step that calls the source, not by every
+        # process that loads the code location.
+        import httpx
+
         self._client = httpx.Client(timeout=self.timeout_seconds)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -54,6 +61,8 @@ class HttpSourceResource(ConfigurableResource):
         if self._client is not None:
             response = self._client.get(url, params=params, headers=headers)
         else:
+            import httpx
+
             response = httpx.get(url, params=params, headers=headers,
                                  timeout=self.timeout_seconds)
         shown = _without_credentials(str(response.request.url))

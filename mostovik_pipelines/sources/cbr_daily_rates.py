@@ -18,12 +18,11 @@ from decimal import Decimal, InvalidOperation
 from xml.parsers import expat
 from zoneinfo import ZoneInfo
 
-import pandas as pd
 from dagster import BackfillPolicy, FreshnessPolicy
 from sqlalchemy import Column, Date, Index, Integer, String, select
 
 from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
-from mostovik_pipelines.etl.loading import LoadMode
+from mostovik_pipelines.etl.load_target import LoadMode
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import (
     CheckRequest,
@@ -108,10 +107,10 @@ def parse_daily_rates(request: TransformRequest) -> ParsedRows:
         except (SourceContractError, DataValidationError) as defect:
             rejected.append(RejectedRow(position, ET.tostring(valute, encoding="unicode"),
                                         str(defect), key=_readable_key(valute, asked)))
-    frame = pd.DataFrame(rows, columns=VALUTE_COLUMNS)
-    frame.insert(0, "rate_date", rate_date)
-    frame.insert(0, "partition_date", asked)
-    return ParsedRows(frame, rejected)
+    return ParsedRows({
+        "partition_date": [asked] * len(rows), "rate_date": [rate_date] * len(rows),
+        **{name: [row[name] for row in rows] for name in VALUTE_COLUMNS},
+    }, rejected)
 
 
 def _readable_key(valute: ET.Element, asked: date) -> dict | None:

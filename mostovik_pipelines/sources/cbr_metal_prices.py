@@ -22,11 +22,10 @@ from decimal import Decimal, InvalidOperation
 from xml.parsers import expat
 from zoneinfo import ZoneInfo
 
-import pandas as pd
 from sqlalchemy import Column, Date, Integer
 
 from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
-from mostovik_pipelines.etl.loading import LoadMode
+from mostovik_pipelines.etl.load_target import LoadMode
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
@@ -90,7 +89,7 @@ def parse_metal_prices(request: TransformRequest) -> ParsedRows:
         except (SourceContractError, DataValidationError) as defect:
             rejected.append(RejectedRow(position, ET.tostring(record, encoding="unicode"),
                                         str(defect), key=_readable_key(record)))
-    return ParsedRows(pd.DataFrame(rows, columns=COLUMNS), rejected)
+    return ParsedRows({name: [row[name] for row in rows] for name in COLUMNS}, rejected)
 
 
 def _parse_record(record: ET.Element, position: int) -> dict:

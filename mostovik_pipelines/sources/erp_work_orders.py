@@ -25,7 +25,7 @@ from mostovik_pipelines.etl.errors import (
     SourceContractError,
     SourceRequestRejected,
 )
-from mostovik_pipelines.etl.loading import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.etl.load_target import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,

@@ -19,7 +19,8 @@ from sqlalchemy import Column, Date, Integer, MetaData, String, create_engine, s
 from sqlalchemy.engine import make_url
 
 from mostovik_pipelines.etl import loading
-from mostovik_pipelines.etl.loading import LoadMode, LoadTarget, load_partition
+from mostovik_pipelines.etl.load_target import LoadMode, LoadTarget
+from mostovik_pipelines.etl.loading import load_partition
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines_tests.etl.test_loading import DAY, load, rates

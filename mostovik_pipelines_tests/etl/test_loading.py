@@ -29,13 +29,8 @@ from sqlalchemy import (
 
 from mostovik_pipelines.etl import loading
 from mostovik_pipelines.etl.load_ledger import forget_digests
-from mostovik_pipelines.etl.loading import (
-    LoadMode,
-    LoadTarget,
-    _arrow_rows,
-    _binary_rows,
-    load_partition,
-)
+from mostovik_pipelines.etl.load_target import LoadMode, LoadTarget
+from mostovik_pipelines.etl.loading import _arrow_rows, _binary_rows, load_partition
 from mostovik_pipelines.etl.locking import partition_lock_keys
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources.cbr_daily_rates import SOURCE

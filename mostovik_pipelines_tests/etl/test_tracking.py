@@ -194,7 +194,7 @@ def test_a_single_partition_run_stopped_for_a_concurrent_run_is_partial(
 ):
     import dataclasses
 
-    from mostovik_pipelines.etl.runs_in_flight import ConcurrentRunPolicy
+    from mostovik_pipelines.etl.spec import ConcurrentRunPolicy
     from mostovik_pipelines_tests.support.locations import code_location_for
 
     stopping = dataclasses.replace(cbr_source, on_concurrent_run=ConcurrentRunPolicy.STOP)

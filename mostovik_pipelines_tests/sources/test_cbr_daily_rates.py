@@ -25,7 +25,7 @@ def _request(content: bytes, partition: str = PARTITION,
 def test_parses_windows_1251_with_decimal_comma_and_keeps_both_dates():
     parsed = parse_daily_rates(_request(CbrStandin().document(date(2026, 11, 2))))
     assert parsed.rejected == []
-    frame = parsed.frame
+    frame = parsed.as_frame()
     usd = frame.set_index("char_code").loc["USD"]
     assert usd["partition_date"] == date(2026, 11, 2)
     assert usd["rate_date"] == date(2026, 10, 31)
@@ -36,7 +36,7 @@ def test_parses_windows_1251_with_decimal_comma_and_keeps_both_dates():
 
 def test_unit_rate_is_value_per_nominal_when_vunitrate_is_absent():
     frame = parse_daily_rates(
-        _request(CbrStandin().document(date(2021, 3, 3)), "2021-03-03")).frame
+        _request(CbrStandin().document(date(2021, 3, 3)), "2021-03-03")).as_frame()
     jpy = frame.set_index("char_code").loc["JPY"]
     assert jpy["nominal"] == 100
     assert jpy["unit_rate"] == (jpy["value"] / 100).quantize(Decimal("0.00000001"))
@@ -83,7 +83,7 @@ GOOD_VALUTE = (b"<Valute ID=\"R01235\"><NumCode>840</NumCode><CharCode>USD</Char
 def test_an_unreadable_currency_is_rejected_with_its_reason(bad_valute, reason):
     content = b"<ValCurs Date=\"31.10.2026\">" + GOOD_VALUTE + bad_valute + b"</ValCurs>"
     parsed = parse_daily_rates(_request(content))
-    assert list(parsed.frame["char_code"]) == ["USD"]
+    assert list(parsed.as_frame()["char_code"]) == ["USD"]
     [rejected] = parsed.rejected
     assert rejected.row_number == 2
     assert reason in rejected.reason

@@ -51,7 +51,7 @@ def test_parses_windows_1251_with_a_decimal_comma_into_exact_prices():
         'Code="2"><Buy>70,1</Buy><Sell>70,12</Sell></Record></Metall>').encode("windows-1251")
     parsed = parse_metal_prices(_request(content))
     assert parsed.rejected == []
-    assert parsed.frame.to_dict("records") == [
+    assert parsed.as_frame().to_dict("records") == [
         {"price_date": WEDNESDAY, "metal_code": 1, "buy": Decimal("5837.39"),
          "sell": Decimal("5837.39")},
         {"price_date": WEDNESDAY, "metal_code": 2, "buy": Decimal("70.1"),
@@ -61,7 +61,7 @@ def test_parses_windows_1251_with_a_decimal_comma_into_exact_prices():
 
 def test_no_records_is_a_day_without_prices_once_the_day_is_over_and_not_available_before():
     empty = CbrMetalsStandin().document(SATURDAY, SATURDAY)
-    assert parse_metal_prices(_request(empty, SATURDAY)).frame.empty
+    assert parse_metal_prices(_request(empty, SATURDAY)).as_frame().empty
     with pytest.raises(PartitionNotAvailable, match="no prices for 2026-11-07"):
         parse_metal_prices(_request(empty, SATURDAY,
                                     fetched_at=datetime(2026, 11, 7, 9, tzinfo=UTC)))

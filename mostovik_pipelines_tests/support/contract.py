@@ -20,8 +20,7 @@ from sqlalchemy.dialects import postgresql
 
 from mostovik_pipelines.etl.checks import partition_checks
 from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.etl.runs_in_flight import ConcurrentRunPolicy
-from mostovik_pipelines.etl.spec import SourceSpec
+from mostovik_pipelines.etl.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.etl.tags import JOB_TYPE_TAG, SOURCE_TAG
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.standin.endpoint import Endpoint, discover_endpoints

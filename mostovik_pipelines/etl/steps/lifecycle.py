@@ -18,12 +18,8 @@ from mostovik_pipelines.etl.retries import (
     retry_or_fail,
 )
 from mostovik_pipelines.etl.run_claims import hold_run_claim
-from mostovik_pipelines.etl.runs_in_flight import (
-    ConcurrentRunPolicy,
-    RunClaim,
-    older_runs_in_flight,
-)
-from mostovik_pipelines.etl.spec import SourceSpec
+from mostovik_pipelines.etl.runs_in_flight import RunClaim, older_runs_in_flight
+from mostovik_pipelines.etl.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.etl.steps.outcomes import PartitionFailure, PartitionSkipped, StepOutcomes
 from mostovik_pipelines.etl.tags import STATUS_TAG
 from mostovik_pipelines.etl.tracking import JobStatus, record_step

@@ -19,7 +19,6 @@ from mostovik_pipelines.etl.spec import (
     RejectedRow,
     SourceSpec,
     TransformRequest,
-    columns_frame,
 )
 from mostovik_pipelines.etl.steps.lifecycle import fail_or_set_aside
 from mostovik_pipelines.etl.steps.outcomes import (
@@ -31,7 +30,7 @@ from mostovik_pipelines.etl.steps.outcomes import (
     TransformedPartition,
     page_cursor,
 )
-from mostovik_pipelines.etl.validation import validate_partition
+from mostovik_pipelines.etl.validation import columns_frame, validate_partition
 from mostovik_pipelines.resources.landing import LandedPayload
 
 
