@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
 import psycopg
 
-from benchmarks.measure import run_command
+from benchmarks.measure import ROOT, run_command
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
@@ -40,11 +42,59 @@ class OrchestrationFigures:
     backfill_seconds: float | None
     backfill_rows: int
     rerun_seconds: float | None
+    imports: ImportFigures | None = None
     missing: str = ""
 
     @property
     def per_partition_extrapolated(self) -> float:
         return statistics.mean(self.per_partition_runs) * self.backfill_partitions
+
+
+@dataclass
+class ImportFigures:
+    """Wall seconds and peak RSS (bytes) of a fresh interpreter importing Dagster alone and
+    importing the code location (what every code server, daemon, run and step process pays)."""
+
+    dagster_seconds: list[float]
+    dagster_rss: list[int]
+    location_seconds: list[float]
+    location_rss: list[int]
+
+
+IMPORT_DAGSTER = "import dagster"
+IMPORT_LOCATION = "import mostovik_pipelines.definitions"
+
+
+def measure_imports(repeat: int, env: dict[str, str]) -> ImportFigures:
+    """Both imports ``repeat`` times, alternating, after a warm-up of each (the page cache)."""
+    figures = ImportFigures([], [], [], [])
+    _import(IMPORT_DAGSTER, env)
+    _import(IMPORT_LOCATION, env)
+    for _ in range(repeat):
+        seconds, rss = _import(IMPORT_DAGSTER, env)
+        figures.dagster_seconds.append(seconds)
+        figures.dagster_rss.append(rss)
+        seconds, rss = _import(IMPORT_LOCATION, env)
+        figures.location_seconds.append(seconds)
+        figures.location_rss.append(rss)
+    return figures
+
+
+PEAK_RSS = ("; print(next(line.split()[1] for line in open('/proc/self/status') "
+            "if line.startswith('VmHWM:')))")
+"""The interpreter's own peak RSS in KiB, printed last: the rusage of a child started from this
+(large) process would report ours, which Linux carries over fork and exec."""
+
+
+def _import(statement: str, env: dict[str, str]) -> tuple[float, int]:
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-c", statement + PEAK_RSS], cwd=ROOT, env=env,
+                               capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise RuntimeError(f"python -c {statement!r} exited {completed.returncode}:\n"
+                           f"{completed.stderr[-2000:]}")
+    return seconds, int(completed.stdout.split()[-1]) * 1024
 
 
 def _days(first: date, count: int) -> list[str]:
@@ -70,6 +120,8 @@ def measure_orchestration(server: ThrowawayPostgres, work_dir: Path, repeat: int
         "MOSTOVIK_CBR_URL": standin.cbr_url,
     }
     executor = env.get("MOSTOVIK_EXECUTOR", "in_process")
+    log(f"imports: dagster and the code location, {2 * repeat + 1} times each")
+    imports = measure_imports(2 * repeat + 1, env)
     try:
         floor, partition_run = [], []
         runs = iter(_days(date(2023, 1, 2), 1 + repeat + per_partition_runs))
@@ -91,7 +143,7 @@ def measure_orchestration(server: ThrowawayPostgres, work_dir: Path, repeat: int
     finally:
         standin.stop()
     return OrchestrationFigures(executor, floor, partition_run, one_each, len(keys), backfill,
-                                rows, rerun)
+                                rows, rerun, imports)
 
 
 def _empty_run(env: dict[str, str]) -> float:
