@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,3 +58,8 @@ def build_code_location(
 
 
 defs = build_code_location()
+
+# What is loaded now (Dagster, the sources, these definitions) lives as long as the process: out
+# of the garbage collector's sight, its full passes during a run and its last one at exit skip it
+# (a run of one partition through `dagster job execute`: 2.34 s -> 1.67 s, see benchmarks/).
+gc.freeze()
