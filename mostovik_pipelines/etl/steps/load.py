@@ -106,7 +106,7 @@ def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: As
         for name, n in figures.items():
             if isinstance(n, int):
                 totals[name] = totals.get(name, 0) + n
-        context.log.info(f"{spec.name} [{key}] loaded: {figures}")
+        # The materialisation is the partition's line in the run's log, with its figures.
         context.log_event(AssetMaterialization(
             asset_key=asset_key, partition=key,
             metadata={
