@@ -100,8 +100,8 @@ def _run_sample_files(spec: SourceSpec, defs: Definitions, instance: DagsterInst
     """Drop the source's sample files into its inbox, evaluate its sensor and run the runs it
     requests as the daemon would; whether one failed."""
     from dagster import DagsterRun, RunsFilter, build_sensor_context
-    from dagster._core.storage.tags import RUN_KEY_TAG
 
+    from mostovik_pipelines.dagster_compat import RUN_KEY_TAG
     from mostovik_pipelines.etl.resource_keys import source_resource_key
     from mostovik_pipelines.etl.tracking import JobStatus, load_job
 

@@ -161,8 +161,10 @@ def current_celery_task_id() -> str | None:
 
 
 def _watched_celery_executor() -> ExecutorDefinition:
-    from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
-    from dagster_celery.executor import _submit_task as submit_task
+    from mostovik_pipelines.dagster_compat import RetryMode, celery_executor_internals
+
+    CELERY_CONFIG, CeleryExecutor, submit_task, core_celery_execution_loop = (
+        celery_executor_internals())
 
     class WatchedCeleryExecutor(CeleryExecutor):
         """dagster-celery's executor, with each submitted step's worker watched."""
@@ -174,8 +176,6 @@ def _watched_celery_executor() -> ExecutorDefinition:
             self.outage_seconds = outage_seconds
 
         def execute(self, plan_context, execution_plan):
-            from dagster_celery.core_execution_loop import core_celery_execution_loop
-
             liveness = _WorkerLiveness(self.worker_lost_seconds)
             outage = _BrokerOutage(plan_context, self.outage_seconds)
 
@@ -201,8 +201,6 @@ def _watched_celery_executor() -> ExecutorDefinition:
         requirements=multiple_process_executor_requirements(),
     )
     def watched_celery_executor(init_context):
-        from dagster._core.execution.retries import RetryMode
-
         config = init_context.executor_config
         return WatchedCeleryExecutor(
             worker_lost_seconds=float(
@@ -220,7 +218,7 @@ def _watched_celery_executor() -> ExecutorDefinition:
 
 
 def _engine_event_data(metadata: Mapping[str, str]):
-    from dagster._core.events import EngineEventData
+    from mostovik_pipelines.dagster_compat import EngineEventData
 
     return EngineEventData(dict(metadata))
 

@@ -26,6 +26,7 @@ from dagster import (
     AssetKey,
     DagsterRunStatus,
     DefaultSensorStatus,
+    FreshnessPolicy,
     RunFailureSensorContext,
     RunStatusSensorContext,
     SensorDefinition,
@@ -35,13 +36,12 @@ from dagster import (
     run_status_sensor,
     sensor,
 )
-from dagster._core.definitions.freshness import (
+
+from mostovik_pipelines.dagster_compat import (
     CronFreshnessPolicy,
-    FreshnessPolicy,
     FreshnessState,
     TimeWindowFreshnessPolicy,
 )
-
 from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.etl.tags import STATUS_TAG
 from mostovik_pipelines.etl.tracking import JobStatus, load_job

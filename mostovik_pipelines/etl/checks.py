@@ -39,11 +39,9 @@ from dagster import (
     MetadataValue,
     PreviewWarning,
 )
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
 from sqlalchemy import Engine, func, select, text, tuple_
 
+from mostovik_pipelines.dagster_compat import AssetCheckEvaluationTargetMaterializationData
 from mostovik_pipelines.etl.asset_view import markdown_table
 from mostovik_pipelines.etl.errors import classify
 from mostovik_pipelines.etl.load_target import LoadMode

@@ -22,7 +22,6 @@ from sqlalchemy import (
     Text,
     delete,
     insert,
-    select,
 )
 
 from mostovik_pipelines.etl.locking import lock_partition
@@ -80,10 +79,3 @@ def _replace_quarantine(
             for row in rejected
         ])
 
-
-def quarantined_by_run(engine: Engine, run_id: str) -> list[dict]:
-    """The rows a run quarantined, in payload order."""
-    query = (select(quarantined_rows).where(quarantined_rows.c.run_id == run_id)
-             .order_by(quarantined_rows.c.partition_key, quarantined_rows.c.row_number))
-    with engine.connect() as connection:
-        return [dict(row._mapping) for row in connection.execute(query)]

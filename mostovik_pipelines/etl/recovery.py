@@ -8,8 +8,8 @@ are idempotent upserts and the run-status check makes a re-run wait for a run st
 from __future__ import annotations
 
 from dagster import DagsterInstance, DagsterRunStatus, ReexecutionOptions, execute_job
-from dagster._core.definitions.reconstruct import ReconstructableRepository
 
+from mostovik_pipelines.dagster_compat import ReconstructableRepository
 from mostovik_pipelines.etl.tags import (
     LAUNCHED_BY_TAG,
     PARTITION_TAG,

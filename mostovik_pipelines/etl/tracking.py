@@ -173,8 +173,7 @@ def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
     backfill run gets them here) and as running (its final status replaces that), and report
     the step's host, process, executor and Celery task as an engine event of the step, on the
     run page where they are read, not in the run list."""
-    from dagster._core.events import EngineEventData
-
+    from mostovik_pipelines.dagster_compat import EngineEventData
     from mostovik_pipelines.execution import current_celery_task_id
 
     run_tags = context.run.tags

@@ -17,8 +17,8 @@ from dagster import (
     OutputContext,
     RetryRequested,
 )
-from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 
+from mostovik_pipelines.dagster_compat import PickledObjectFilesystemIOManager
 from mostovik_pipelines.etl.errors import classify
 from mostovik_pipelines.etl.retries import RetryPolicy, StepContext, failure_for
 from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG

@@ -10,12 +10,10 @@ its latest rates: that partition is "not available yet", and nothing is loaded u
 
 from __future__ import annotations
 
-import contextlib
 import re
 import xml.etree.ElementTree as ET
 from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from xml.parsers import expat
 from zoneinfo import ZoneInfo
 
 from dagster import BackfillPolicy, FreshnessPolicy
@@ -39,6 +37,7 @@ from mostovik_pipelines.etl.spec import (
     TransformRequest,
 )
 from mostovik_pipelines.partitions import cbr_daily_partition
+from mostovik_pipelines.readers.xml import parse_xml
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import warehouse_table
@@ -86,7 +85,7 @@ def parse_daily_rates(request: TransformRequest) -> ParsedRows:
     """The rates of one ``XML_daily`` answer, one row per currency; a ``<Valute>`` that cannot
     be read is rejected with the reason (quarantined), the document as a whole must parse."""
     asked = date.fromisoformat(request.partition_key)
-    root = _parse_xml(request.content)
+    root = parse_xml(request.content, "XML_daily")
     if root.tag != "ValCurs":
         raise SourceContractError(f"root element is <{root.tag}>, expected <ValCurs>")
     rate_date = _parse_rate_date(root.get("Date"))
@@ -120,31 +119,6 @@ def _readable_key(valute: ET.Element, asked: date) -> dict | None:
     if not CHAR_CODE.match(char_code):
         return None
     return {"partition_date": asked, "char_code": char_code}
-
-
-def _parse_xml(content: bytes) -> ET.Element:
-    _refuse_dtd(content)
-    try:
-        return ET.fromstring(content)
-    except ET.ParseError as exc:
-        raise SourceContractError(f"response is not well-formed XML ({exc})") from exc
-    except (LookupError, UnicodeError) as exc:
-        raise SourceContractError(f"response has an unreadable encoding ({exc})") from exc
-
-
-def _refuse_dtd(content: bytes) -> None:
-    """XML_daily never declares a DTD; one that does is refused before any entity is expanded,
-    whatever the document's encoding or where the declaration stands."""
-
-    def refuse(*_args: object) -> None:
-        raise SourceContractError("response declares a DTD or entities, which XML_daily never does")
-
-    scanner = expat.ParserCreate()
-    scanner.StartDoctypeDeclHandler = refuse
-    scanner.EntityDeclHandler = refuse
-    # A document that is not well-formed is left to the parse below, which says where and why.
-    with contextlib.suppress(expat.ExpatError, LookupError, UnicodeError, ValueError):
-        scanner.Parse(content, True)
 
 
 def _parse_rate_date(value: str | None) -> date:

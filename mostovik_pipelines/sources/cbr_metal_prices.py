@@ -15,11 +15,9 @@ Settings: ``MOSTOVIK_CBR_METALS_URL`` (default the CBR's), ``MOSTOVIK_CBR_METALS
 
 from __future__ import annotations
 
-import contextlib
 import xml.etree.ElementTree as ET
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
-from xml.parsers import expat
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Column, Date, Integer
@@ -39,6 +37,7 @@ from mostovik_pipelines.etl.spec import (
     TransformRequest,
 )
 from mostovik_pipelines.partitions import cbr_metal_prices_daily_partition
+from mostovik_pipelines.readers.xml import parse_xml
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import warehouse_table
@@ -74,7 +73,7 @@ def parse_metal_prices(request: TransformRequest) -> ParsedRows:
     """One row per ``<Record>``; a record that cannot be read is rejected with the reason
     (quarantined), the document as a whole must parse."""
     asked = date.fromisoformat(request.partition_key)
-    root = _parse_xml(request.content)
+    root = parse_xml(request.content, "xml_metall")
     if root.tag != "Metall":
         raise SourceContractError(f"root element is <{root.tag}>, expected <Metall>")
     records = root.findall("Record")
@@ -135,32 +134,6 @@ def _readable_key(record: ET.Element) -> dict | None:
     if not code.isdigit() or int(code) not in METALS:
         return None
     return {"price_date": price_date, "metal_code": int(code)}
-
-
-def _parse_xml(content: bytes) -> ET.Element:
-    _refuse_dtd(content)
-    try:
-        return ET.fromstring(content)
-    except ET.ParseError as exc:
-        raise SourceContractError(f"response is not well-formed XML ({exc})") from exc
-    except (LookupError, UnicodeError) as exc:
-        raise SourceContractError(f"response has an unreadable encoding ({exc})") from exc
-
-
-def _refuse_dtd(content: bytes) -> None:
-    """xml_metall never declares a DTD; one that does is refused before any entity is
-    expanded."""
-
-    def refuse(*_args: object) -> None:
-        raise SourceContractError("response declares a DTD or entities, which xml_metall never "
-                                  "does")
-
-    scanner = expat.ParserCreate()
-    scanner.StartDoctypeDeclHandler = refuse
-    scanner.EntityDeclHandler = refuse
-    # A document that is not well-formed is left to the parse, which says where and why.
-    with contextlib.suppress(expat.ExpatError, LookupError, UnicodeError, ValueError):
-        scanner.Parse(content, True)
 
 
 SOURCE = SourceSpec(

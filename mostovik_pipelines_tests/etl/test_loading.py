@@ -178,8 +178,9 @@ def test_loads_of_one_partition_wait_for_each_other_and_other_partitions_do_not(
 def test_the_quarantine_commits_with_the_data_or_not_at_all(warehouse_url):
     from functools import partial
 
-    from mostovik_pipelines.etl.quarantine import quarantined_by_run, replace_quarantine
+    from mostovik_pipelines.etl.quarantine import replace_quarantine
     from mostovik_pipelines.etl.spec import RejectedRow
+    from mostovik_pipelines_tests.support.warehouse import quarantined_by_run
 
     engine = warehouse_engine(warehouse_url)
 

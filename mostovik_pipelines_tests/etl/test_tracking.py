@@ -12,11 +12,11 @@ from dagster._core.remote_origin import (
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._core.utils import make_new_run_id
 
-from mostovik_pipelines.etl.quarantine import quarantined_by_run
 from mostovik_pipelines.etl.tracking import JobStatus, list_jobs, load_job, stuck_jobs
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
+from mostovik_pipelines_tests.support.warehouse import quarantined_by_run
 
 PARTITION = "2026-11-04"
 

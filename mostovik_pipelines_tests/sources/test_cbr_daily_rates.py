@@ -165,8 +165,8 @@ def test_an_unpublished_partition_loads_nothing_and_does_not_fail(
 def test_one_unreadable_currency_is_quarantined_and_the_rest_loaded(
     cbr_job, instance, warehouse_url, standin
 ):
-    from mostovik_pipelines.etl.quarantine import quarantined_by_run
     from mostovik_pipelines.resources.warehouse import warehouse_engine
+    from mostovik_pipelines_tests.support.warehouse import quarantined_by_run
 
     standin.change_cbr_rates("2026-10-31", set_values={"USD": "n/a"})
     result = run_partition(cbr_job, PARTITION, instance)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData, Table, UniqueConstraint, create_engine, select, text
+from sqlalchemy import Engine, MetaData, Table, UniqueConstraint, create_engine, select, text
 
 import mostovik_pipelines.sources  # noqa: F401 - registers the tables
+from mostovik_pipelines.etl.quarantine import quarantined_rows
 from mostovik_pipelines.warehouse.schema import metadata
 
 
@@ -44,3 +45,11 @@ def physical_snapshot(url: str, table: str, order_by: str = "partition_date, cha
             return [tuple(row) for row in result]
     finally:
         engine.dispose()
+
+
+def quarantined_by_run(engine: Engine, run_id: str) -> list[dict]:
+    """The rows a run quarantined, in payload order."""
+    query = (select(quarantined_rows).where(quarantined_rows.c.run_id == run_id)
+             .order_by(quarantined_rows.c.partition_key, quarantined_rows.c.row_number))
+    with engine.connect() as connection:
+        return [dict(row._mapping) for row in connection.execute(query)]
