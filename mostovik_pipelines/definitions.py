@@ -10,6 +10,7 @@ from typing import Any
 from dagster import Definitions
 
 from mostovik_pipelines.etl.alerts import ALERT_NOTIFIER_KEY, alert_sensors
+from mostovik_pipelines.etl.checks import check_specs
 from mostovik_pipelines.etl.factory import build_source_definitions
 from mostovik_pipelines.etl.resource_keys import LANDING_KEY, WAREHOUSE_KEY, source_resource_key
 from mostovik_pipelines.etl.spec import SourceSpec
@@ -48,7 +49,7 @@ def build_code_location(
     """The code location; ``resources`` replaces defaults by key (tests, tools)."""
     return Definitions.merge(
         *(build_source_definitions(spec) for spec in sources),
-        maintenance_definitions(),
+        maintenance_definitions([check.key for spec in sources for check in check_specs(spec)]),
         Definitions(
             sensors=alert_sensors(sources),
             resources={**default_resources(sources), **(resources or {})},
