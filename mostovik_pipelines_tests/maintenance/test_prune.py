@@ -4,6 +4,8 @@ policy says, and a prune stopped half way or run twice ends where one clean prun
 
 from __future__ import annotations
 
+import os
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from dagster import (
     AssetRecordsFilter,
     DagsterEventType,
     DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
 )
 
@@ -201,3 +204,47 @@ def test_the_daily_prune_job_runs_as_a_job_of_the_code_location(location, dagste
     # It is no source's job: `mostovik jobs list` shows the sources' jobs only.
     listed = list_jobs(dagster, limit=100)
     assert len(listed) == len(runs) and result.run_id not in {job.run_id for job in listed}
+
+
+def _age(path: Path, when: datetime) -> None:
+    for item in [path, *path.rglob("*")]:
+        os.utime(item, (when.timestamp(), when.timestamp()))
+
+
+def test_a_prune_next_to_running_jobs_removes_nothing_they_use(location, dagster, standin,
+                                                              tmp_path):
+    """A run still going (its record says started) and a re-execution still going of an old
+    failed run: their op outputs, landed pages and frames stay, however old they look."""
+    runs = _history(location, dagster, standin)
+    later = datetime.now(UTC) + A_YEAR_AND_MORE
+    running = DagsterRun(job_name="cbr_daily_rates_job", run_id=str(uuid.uuid4()),
+                         status=DagsterRunStatus.STARTED)
+    reexecuting = DagsterRun(job_name="cbr_daily_rates_job", run_id=str(uuid.uuid4()),
+                             status=DagsterRunStatus.STARTED, parent_run_id=runs["failed"],
+                             root_run_id=runs["failed"])
+    for run in (running, reexecuting):
+        dagster.add_run(run)
+    landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
+    landed = landing.land("cbr_daily_rates", DAYS[1], b"<page/>", content_type="text/xml",
+                          origin="test", fetched_at=datetime.now(UTC), run_id=running.run_id,
+                          page=1)
+    frame = Path(landing.keep_frame(landed, {"rows": 1}))
+    landing.land("cbr_daily_rates", DAYS[1], b"<newer/>", content_type="text/xml",
+                 origin="test", fetched_at=datetime.now(UTC) + timedelta(seconds=1))
+    (tmp_path / "storage" / running.run_id / "extract").mkdir(parents=True)
+    (tmp_path / "storage" / running.run_id / "extract" / "result").write_bytes(b"pickle")
+    for path in (tmp_path / "storage", tmp_path / "landing"):
+        _age(path, later - timedelta(days=450))
+
+    _prune(dagster, location, tmp_path, later)
+    kept = {p.name for p in (tmp_path / "storage").iterdir()}
+    assert kept == {running.run_id, runs["failed"]}
+    assert landing.is_whole(landed) and frame.exists()
+    assert landing.pages_landed_by("cbr_daily_rates", DAYS[1], running.run_id) == [landed]
+
+    # Once they have finished, what they used goes too.
+    for run in (running, reexecuting):
+        dagster.report_run_failed(run)
+    _prune(dagster, location, tmp_path, later)
+    assert not list((tmp_path / "storage").iterdir())
+    assert not landing.is_whole(landed) and not frame.exists()
