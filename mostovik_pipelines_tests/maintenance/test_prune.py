@@ -37,9 +37,16 @@ def location(sqlite_warehouse_url, standin_server, standin, tmp_path, cbr_source
     return code_location_for(sqlite_warehouse_url, standin_server, tmp_path, [cbr_source])
 
 
-@pytest.fixture
-def dagster(tmp_path) -> DagsterInstance:
-    with DagsterInstance.from_config(str(local_dagster_home(tmp_path))) as instance:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def dagster(request, tmp_path, monkeypatch) -> DagsterInstance:
+    """The local instance (SQLite) and the production one (deploy/dagster.yaml, PostgreSQL)."""
+    if request.param == "sqlite":
+        home = local_dagster_home(tmp_path)
+    else:
+        home, environment = request.getfixturevalue("production_home")
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+    with DagsterInstance.from_config(str(home)) as instance:
         yield instance
 
 
