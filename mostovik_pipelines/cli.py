@@ -1,5 +1,5 @@
 """The operator's command line: ``mostovik jobs ...``, ``mostovik db ...``,
-``mostovik materialize``, ``mostovik standin``, ``mostovik demo``.
+``mostovik materialize``, ``mostovik prune``, ``mostovik standin``, ``mostovik demo``.
 
 Exit codes, for scripts: 0 success; 1 a job failed (or, for ``jobs list --stuck``, stuck jobs
 were found); 2 a usage error (unknown source, bad period, no DAGSTER_HOME); 3 unknown run id.
@@ -244,6 +244,28 @@ def summary_lines(job: Job, partitions: Sequence[str], width: int) -> list[str]:
             note = job.left_out.get(partition) or error
         lines.append(summary_line(partition, width, status, figures or {}, job.run_id, note))
     return lines
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
+def prune(dry_run: bool) -> None:
+    """Apply the retention policy now, as the daily prune_storage_job does: old op outputs,
+    landed payloads and runs (README, "Retention"); prints what it removes per store."""
+    from pathlib import Path
+
+    from mostovik_pipelines.definitions import defs
+    from mostovik_pipelines.etl.errors import ConfigurationError
+    from mostovik_pipelines.maintenance.prune import prune as prune_stores
+    from mostovik_pipelines.settings import landing_dir, storage_dir
+
+    try:
+        report = prune_stores(
+            _instance(), landing_dir=Path(landing_dir()), op_output_dir=Path(storage_dir()),
+            check_keys=list(defs.resolve_asset_graph().asset_check_keys), dry_run=dry_run)
+    except ConfigurationError as refused:
+        _fail(EXIT_USAGE, str(refused))
+    for line in report.lines():
+        click.echo(line)
 
 
 @main.group()

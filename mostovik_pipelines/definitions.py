@@ -1,4 +1,5 @@
-"""The Mostovik code location: every source's definitions and the resources they run with."""
+"""The Mostovik code location: every source's definitions, the maintenance job (the retention
+prune) and the resources they run with."""
 
 from __future__ import annotations
 
@@ -9,18 +10,21 @@ from typing import Any
 from dagster import Definitions
 
 from mostovik_pipelines.etl.alerts import ALERT_NOTIFIER_KEY, alert_sensors
+from mostovik_pipelines.etl.checks import check_specs
 from mostovik_pipelines.etl.factory import build_source_definitions
 from mostovik_pipelines.etl.resource_keys import LANDING_KEY, WAREHOUSE_KEY, source_resource_key
 from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.execution import executor_from_environment
+from mostovik_pipelines.maintenance.job import maintenance_definitions
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.notifier import AlertNotifierResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.settings import (
     alert_webhook_setting,
-    data_dir,
     database_url_setting,
+    landing_dir,
     setting,
+    storage_dir,
 )
 from mostovik_pipelines.sources import ALL_SOURCES
 
@@ -29,12 +33,8 @@ def default_resources(sources: Sequence[SourceSpec] = ALL_SOURCES) -> dict[str, 
     """Resources as configured by the environment (see ``settings``)."""
     return {
         WAREHOUSE_KEY: WarehouseResource(database_url=database_url_setting()),
-        LANDING_KEY: LandingStoreResource(
-            base_dir=setting("MOSTOVIK_LANDING_DIR", str(data_dir() / "landing"))
-        ),
-        "io_manager": OpOutputStore(
-            base_dir=setting("MOSTOVIK_STORAGE_DIR", str(data_dir() / "storage"))
-        ),
+        LANDING_KEY: LandingStoreResource(base_dir=landing_dir()),
+        "io_manager": OpOutputStore(base_dir=storage_dir()),
         ALERT_NOTIFIER_KEY: AlertNotifierResource(
             webhook_url=alert_webhook_setting(),
             ui_url=setting("MOSTOVIK_UI_URL", "http://127.0.0.1:3000"),
@@ -49,6 +49,7 @@ def build_code_location(
     """The code location; ``resources`` replaces defaults by key (tests, tools)."""
     return Definitions.merge(
         *(build_source_definitions(spec) for spec in sources),
+        maintenance_definitions([check.key for spec in sources for check in check_specs(spec)]),
         Definitions(
             sensors=alert_sensors(sources),
             resources={**default_resources(sources), **(resources or {})},

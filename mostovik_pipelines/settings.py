@@ -18,11 +18,27 @@ DATA_DIR_ENV = "MOSTOVIK_DATA_DIR"
 DATABASE_URL_ENV = "MOSTOVIK_DATABASE_URL"
 ALERT_WEBHOOK_ENV = "MOSTOVIK_ALERT_WEBHOOK_URL"
 EXECUTOR_ENV = "MOSTOVIK_EXECUTOR"
+LANDING_DIR_ENV = "MOSTOVIK_LANDING_DIR"
+STORAGE_DIR_ENV = "MOSTOVIK_STORAGE_DIR"
+KEEP_FAILED_RUN_OUTPUTS_ENV = "MOSTOVIK_KEEP_FAILED_RUN_OUTPUTS_DAYS"
+RETENTION_GRACE_ENV = "MOSTOVIK_RETENTION_GRACE_DAYS"
+KEEP_LANDED_ENV = "MOSTOVIK_KEEP_LANDED_DAYS"
+KEEP_RUNS_ENV = "MOSTOVIK_KEEP_RUNS_DAYS"
 
 
 def data_dir() -> Path:
     """The base directory of local state: SQLite warehouse, landing store, demo instance."""
     return Path(os.environ.get(DATA_DIR_ENV, ".mostovik")).resolve()
+
+
+def landing_dir() -> str:
+    """The landing store's root (raw payloads), shared by every worker."""
+    return setting(LANDING_DIR_ENV, str(data_dir() / "landing"))
+
+
+def storage_dir() -> str:
+    """The op-output storage's root (what a step hands the next), shared by every worker."""
+    return setting(STORAGE_DIR_ENV, str(data_dir() / "storage"))
 
 
 def default_database_url() -> str:

@@ -204,3 +204,18 @@ def test_jobs_commands_fail_clearly_for_scripts(job_env, tmp_path):
     homeless = _jobs("list", env=no_home, cwd=tmp_path)
     assert homeless.returncode == 2 and "DAGSTER_HOME" in homeless.stderr
     assert _jobs("list", "--stuck", env=job_env, cwd=tmp_path).returncode == 0
+
+
+def test_prune_refuses_clearly_without_an_instance_or_with_a_bad_setting(job_env, tmp_path):
+    no_home = {k: v for k, v in job_env.items() if k != "DAGSTER_HOME"}
+    homeless = _run("prune", "--dry-run", env=no_home, cwd=tmp_path)
+    assert homeless.returncode == 2 and "DAGSTER_HOME" in homeless.stderr
+    for bad in ({"MOSTOVIK_KEEP_RUNS_DAYS": "a year"},
+                {"MOSTOVIK_KEEP_RUNS_DAYS": "7", "MOSTOVIK_KEEP_FAILED_RUN_OUTPUTS_DAYS": "14"}):
+        refused = _run("prune", env={**job_env, **bad}, cwd=tmp_path)
+        assert refused.returncode == 2 and "MOSTOVIK_KEEP_RUNS_DAYS" in refused.stderr, bad
+    dry = _run("prune", "--dry-run", env=job_env, cwd=tmp_path)
+    assert dry.returncode == 0 and dry.stdout.splitlines() == [
+        "op outputs: would remove 0 run directories, 0 bytes",
+        "landing: would remove 0 files, 0 bytes",
+        "runs: would remove 0 runs with their event logs"]

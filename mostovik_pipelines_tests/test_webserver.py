@@ -31,6 +31,7 @@ from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 
 from mostovik_pipelines.etl.checks import partition_checks
 from mostovik_pipelines.etl.spec import TransformRequest
+from mostovik_pipelines.maintenance.job import PRUNE_JOB, PRUNE_SCHEDULE
 from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
@@ -157,8 +158,10 @@ def test_the_code_location_loads_with_its_assets_checks_jobs_schedules_and_senso
     assert contents.asset_keys == sorted(SPECS)
     assert set(contents.jobs) >= {f"{name}_job" for name in SPECS}
     assert contents.schedules == {
-        f"{name}_schedule": "STOPPED" if name == STALE_SOURCE else "RUNNING"
-        for name, spec in SPECS.items() if spec.schedule}
+        PRUNE_SCHEDULE: "RUNNING",
+        **{f"{name}_schedule": "STOPPED" if name == STALE_SOURCE else "RUNNING"
+           for name, spec in SPECS.items() if spec.schedule}}
+    assert PRUNE_JOB in contents.jobs
     assert SCHEDULE in contents.schedules
     assert contents.sensors == {
         **{f"{name}_inbox_sensor": "RUNNING" for name, spec in SPECS.items() if spec.sensor},

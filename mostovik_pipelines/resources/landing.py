@@ -87,6 +87,10 @@ class LandingStoreResource(ConfigurableResource):
         # landing time).
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload)}
         _write_atomically(record, json.dumps(fields, default=str).encode(), durable)
+        if not blob.exists():
+            # The retention prune took the blob away while no record named it (it detaches a
+            # blob, then looks for a record): land it again, now that the record names it.
+            _write_atomically(blob, content, durable)
         return payload
 
     def read(self, payload: LandedPayload) -> bytes:
@@ -100,8 +104,8 @@ class LandingStoreResource(ConfigurableResource):
 
     def latest(self, source: str, partition_key: str) -> LandedPayload | None:
         """The most recent fetch landed for the partition, if any."""
-        fetches = sorted((self._partition_dir(source, partition_key) / "fetches").glob("*.json"))
-        return _record(fetches[-1]) if fetches else None
+        path = latest_fetch_record(self._partition_dir(source, partition_key) / "fetches")
+        return _record(path) if path else None
 
     def pages_landed_by(self, source: str, partition_key: str,
                         run_id: str) -> list[LandedPayload]:
@@ -153,6 +157,24 @@ def _folder_name(partition_key: str) -> str:
         return name
     digest = hashlib.sha256(partition_key.encode()).hexdigest()[:16]
     return f"{name[:MAX_FOLDER_NAME - 17].rstrip('%')}~{digest}"
+
+
+def fetch_records(fetches_dir: Path) -> list[Path]:
+    """A partition's fetch records, oldest first: named by fetch time, so the name orders them
+    (a file being written, ``.tmp-...``, is none)."""
+    return sorted(path for path in fetches_dir.glob("*.json") if not path.name.startswith("."))
+
+
+def latest_fetch_record(fetches_dir: Path) -> Path | None:
+    """The record :meth:`LandingStoreResource.latest` reads: what ``reuse_landed``
+    re-transforms, and what the retention prune always keeps."""
+    records = fetch_records(fetches_dir)
+    return records[-1] if records else None
+
+
+def read_fetch_record(path: Path) -> LandedPayload:
+    """One fetch record."""
+    return _record(path)
 
 
 def _record(path: Path) -> LandedPayload:

@@ -3,7 +3,11 @@
 landing store's are. A full disk (``ENOSPC``, a quota) fails the step as transient and it is
 retried with backoff, since space can come back; a read-only one fails it at once, for an
 operator to act. Either way the error names the file, and a pickle cut short is removed: a
-re-execution from failure runs the step that failed again, so nothing half-written is read."""
+re-execution from failure runs the step that failed again, so nothing half-written is read.
+
+The retention prune (:mod:`mostovik_pipelines.maintenance`) removes a finished run's outputs
+once no recovery path can use them; a re-execution that asks for one after that fails at once,
+naming the run and the setting (:class:`OpOutputPruned`), and loads nothing."""
 
 from __future__ import annotations
 
@@ -14,14 +18,20 @@ from typing import Any
 from dagster import (
     FilesystemIOManager,
     InitResourceContext,
+    InputContext,
     OutputContext,
     RetryRequested,
 )
 
 from mostovik_pipelines.dagster_compat import PickledObjectFilesystemIOManager
-from mostovik_pipelines.etl.errors import classify
+from mostovik_pipelines.etl.errors import PermanentError, classify
 from mostovik_pipelines.etl.retries import RetryPolicy, StepContext, failure_for
 from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV
+
+
+class OpOutputPruned(PermanentError):
+    """A re-execution asked for an output the retention prune has removed."""
 
 
 class OpOutputStore(FilesystemIOManager):
@@ -39,9 +49,24 @@ class OpOutputStore(FilesystemIOManager):
 
 
 class _ClassifiedPickles(PickledObjectFilesystemIOManager):
-    def __init__(self, policy: RetryPolicy, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, policy: RetryPolicy, base_dir: str) -> None:
+        super().__init__(base_dir=base_dir)
         self.policy = policy
+        self.base_dir = base_dir
+
+    def load_from_path(self, context: InputContext, path) -> Any:
+        try:
+            return super().load_from_path(context, path)
+        except FileNotFoundError as missing:
+            upstream = context.upstream_output
+            run_id = upstream.run_id if upstream is not None else "?"
+            step = upstream.step_key if upstream is not None else "?"
+            raise OpOutputPruned(
+                f"the output of {step} in run {run_id} is gone: the retention prune removes a "
+                f"failed run's op outputs {KEEP_FAILED_RUN_OUTPUTS_ENV} days after it ended "
+                "(a successful run's after a day), so this run can no longer be re-executed "
+                "from its failure; run its partitions again instead (mostovik jobs rerun "
+                "--source S --period P, or the UI's re-execute all steps)") from missing
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         try:

@@ -1,0 +1,94 @@
+"""`mostovik prune` between a failed run and its re-execution, as an operator runs them: inside
+the window the re-execution is exact; once the run's op outputs are pruned it fails at once,
+naming the run and the setting, and the table keeps what a later run loaded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import date
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus
+
+from mostovik_pipelines.etl.retries import OUTAGE_SETTING
+from mostovik_pipelines.etl.tracking import load_job
+from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV, RETENTION_GRACE_ENV
+from mostovik_pipelines_tests.support.postgres import free_port
+from mostovik_pipelines_tests.support.processes import run_environment, start_job_execute
+from mostovik_pipelines_tests.support.warehouse import table_rows
+
+pytestmark = pytest.mark.slow
+MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
+
+
+@pytest.fixture
+def env(tmp_path, pg_warehouse_url, standin_server, standin):
+    return run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url)
+
+
+def _mostovik(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([MOSTOVIK, *args], env=env, capture_output=True, text=True,
+                          timeout=180)
+
+
+def _fail_in_load(partition: str, env: dict[str, str], tmp_path: Path) -> str:
+    """A run that fetches and parses the partition, then cannot reach the warehouse."""
+    unreachable = {**env, "MOSTOVIK_DATABASE_URL":
+                   f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/nowhere",
+                   OUTAGE_SETTING: "3"}
+    start_job_execute(partition, unreachable, tmp_path).communicate(timeout=180)
+    os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
+    run = DagsterInstance.get().get_runs(limit=1)[0]
+    assert run.status == DagsterRunStatus.FAILURE
+    return run.run_id
+
+
+def _values(url: str, day: str) -> dict[str, Decimal]:
+    return {r["char_code"]: Decimal(str(r["value"])) for r in table_rows(url, "cbr_daily_rates")
+            if r["partition_date"] == date.fromisoformat(day)}
+
+
+def test_a_failed_run_reexecutes_inside_the_window_and_not_once_its_outputs_are_pruned(
+    env, tmp_path, pg_warehouse_url, standin
+):
+    storage = Path(env["MOSTOVIK_DATA_DIR"]) / "storage"
+    failed = _fail_in_load("2026-11-04", env, tmp_path)
+
+    # Inside the window: a prune (and its dry run, which reports the same) keeps its outputs.
+    dry = _mostovik(env, "prune", "--dry-run")
+    pruned = _mostovik(env, "prune")
+    assert dry.returncode == pruned.returncode == 0, dry.stderr + pruned.stderr
+    assert dry.stdout.replace("would remove", "removed") == pruned.stdout
+    assert "op outputs: removed 0 run directories, 0 bytes" in pruned.stdout
+    assert (storage / failed).is_dir()
+    rerun = _mostovik(env, "jobs", "rerun", failed)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert len(_values(pg_warehouse_url, "2026-11-04")) == 12
+
+    # A run that failed, then a newer load of its partition, then the prune takes its outputs.
+    standin.change_cbr_rates("2026-11-05", set_values={"USD": "70,0000"})
+    too_old = _fail_in_load("2026-11-05", env, tmp_path)
+    standin.change_cbr_rates("2026-11-05", set_values={"USD": "75,5000"})
+    start_job_execute("2026-11-05", env, tmp_path).communicate(timeout=180)
+    assert _values(pg_warehouse_url, "2026-11-05")["USD"] == Decimal("75.5000")
+    now_expired = {**env, KEEP_FAILED_RUN_OUTPUTS_ENV: "0", RETENTION_GRACE_ENV: "0"}
+    pruned = _mostovik(now_expired, "prune")
+    assert pruned.returncode == 0, pruned.stderr
+    assert not (storage / too_old).exists()
+    assert not [path for path in storage.iterdir()], "every finished run's outputs went"
+
+    rerun = _mostovik(env, "jobs", "rerun", too_old)
+    assert rerun.returncode == 1, rerun.stdout + rerun.stderr
+    job = load_job(DagsterInstance.get(), rerun.stdout.split()[0])
+    said = " ".join([job.errors[0].message, *job.errors[0].causes])
+    assert f"run {too_old}" in said and KEEP_FAILED_RUN_OUTPUTS_ENV in said, said
+    assert "OpOutputPruned" in said
+    assert _values(pg_warehouse_url, "2026-11-05")["USD"] == Decimal("75.5000")
+
+    # Nothing more to remove, and the operator's job list still reads.
+    assert "op outputs: removed 0" in _mostovik(now_expired, "prune").stdout
+    assert _mostovik(env, "jobs", "list").returncode == 0
