@@ -11,6 +11,10 @@ measured in the same run. It reports; it asserts nothing about time.
 Files (benchmarks/files.py): a 100,000-row delivery report as CSV and XLSX from the inbox to
 commit, next to pandas + ``to_sql``, and the inbox sensor over 10,000 waiting files (``--quick``:
 20,000 rows, 2,000 files; ``--skip-files`` leaves the section out).
+
+Retention (benchmarks/retention.py): a simulated year of every source, then the retention prune
+a year on: bytes per store and runs before and after, the prune's wall time
+(``--skip-retention`` leaves the section out; ``--quick`` does not shrink it).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from benchmarks.files import FilesFigures, files_table, measure_files
 from benchmarks.loader import MODES, LoaderFigures, measure_loader
 from benchmarks.measure import MB, Figure
 from benchmarks.orchestration import OrchestrationFigures, measure_orchestration
+from benchmarks.retention import RetentionFigures, measure_retention, retention_table
 from benchmarks.sync import SyncFigures, measure_sync
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inbox-files", type=int, help="files in the inbox sensor's inbox")
     parser.add_argument("--files-repeat", type=int, help="repetitions of the files section")
     parser.add_argument("--skip-files", action="store_true")
+    parser.add_argument("--skip-retention", action="store_true")
     options = parser.parse_args(argv)
     files_settings = dict(FILES_QUICK if options.quick else FILES_FULL)
     files_settings.update({k: v for k, v in (("files_rows", options.files_rows),
@@ -100,8 +106,11 @@ def main(argv: list[str] | None = None) -> None:
             files = measure_files(server, work_dir, files_settings["files_rows"],
                                   files_settings["inbox_files"], files_settings["files_repeat"],
                                   log)
+        retention = None
+        if not options.skip_retention:
+            retention = measure_retention(server, work_dir, log)
         print(report(server, loader, orchestration, sys.argv[1:] if argv is None else argv,
-                     time.perf_counter() - started, sync, files=files))
+                     time.perf_counter() - started, sync, files=files, retention=retention))
     finally:
         server.stop()
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -109,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(server: ThrowawayPostgres, loader: LoaderFigures | None,
            orchestration: OrchestrationFigures | None, argv: list[str], seconds: float,
-           sync: SyncFigures | None = None, *, files: FilesFigures | None = None) -> str:
+           sync: SyncFigures | None = None, *, files: FilesFigures | None = None,
+           retention: RetentionFigures | None = None) -> str:
     lines = [f"mostovik_pipelines benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
              f"took {seconds / 60:.1f} min",
              f"command: .venv/bin/python -m benchmarks.run {' '.join(argv)}".rstrip(),
@@ -123,6 +133,8 @@ def report(server: ThrowawayPostgres, loader: LoaderFigures | None,
         lines += _sync_table(sync, checks)
     if files:
         lines += files_table(files, checks)
+    if retention:
+        lines += retention_table(retention, checks)
     lines += ["", "Targets"]
     lines += [f"  [{'met' if ok else 'MISSED'}] {text}" for ok, text in checks]
     return "\n".join(lines)

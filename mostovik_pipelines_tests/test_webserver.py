@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import httpx
@@ -29,9 +30,13 @@ from dagster import AssetMaterialization, DagsterEvent, DagsterEventType, Dagste
 from dagster._core.events import StepMaterializationData
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 
+from mostovik_pipelines.definitions import defs
 from mostovik_pipelines.etl.checks import partition_checks
 from mostovik_pipelines.etl.spec import TransformRequest
 from mostovik_pipelines.maintenance.job import PRUNE_JOB, PRUNE_SCHEDULE
+from mostovik_pipelines.maintenance.policy import RetentionPolicy
+from mostovik_pipelines.maintenance.prune import prune
+from mostovik_pipelines.settings import landing_dir, storage_dir
 from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
@@ -81,6 +86,8 @@ UNALERTED_DATE = _last_week(0)
 """Monday: the CBR publishes no rates of its own for it, so no other test loads it."""
 DAEMON_RESTART_DATES = [_last_week(weekday) - timedelta(days=14) for weekday in (1, 2, 3)]
 """Tuesday to Thursday three weeks ago: loaded by the backfill whose daemon is killed."""
+PRUNED_DATES = [_last_week(weekday) - timedelta(days=7) for weekday in (1, 2, 3)]
+"""Tuesday to Thursday two weeks ago: loaded, loaded twice, failed, then pruned."""
 
 
 @pytest.fixture(scope="module")
@@ -430,6 +437,64 @@ def test_one_alert_per_failed_job_no_secret_in_any_and_a_readable_run_list(
     for run in runs:
         assert {tag for tag in run.tags if not tag.startswith(("dagster/", ".dagster/"))} <= (
             OUR_RUN_TAGS), run.tags
+
+
+def test_after_a_prune_the_ui_shows_every_partition_as_before(services, standin, monkeypatch):
+    """A prune a decade on, with every window at zero, deletes every run no partition's
+    present depends on: the UI (the asset's partition bar, each partition's latest
+    materialisation and its metadata, each check's latest result) reads the same after it.
+    Last in the module: it deletes the other tests' older runs too."""
+    loaded, reloaded, failing = (day.isoformat() for day in PRUNED_DATES)
+    standin.fault("status", status=404, times=-1, match=f"date_req={PRUNED_DATES[2]:%d/%m/%Y}")
+    launched = [services.graphql.launch_job_run(JOB, partition)
+                for partition in (loaded, reloaded, failing, reloaded)]
+    runs = [services.graphql.wait_for_run(run_id) for run_id in launched]
+    standin.clear_faults()
+    assert [run.status for run in runs] == ["SUCCESS", "SUCCESS", "FAILURE", "SUCCESS"], [
+        services.graphql.run_errors(run.run_id) for run in runs]
+    superseded = launched[1]  # the second load of its partition ran after it (one at a time)
+
+    before = _what_the_ui_shows(services)
+    assert {day: before["status"].get(day) for day in (loaded, reloaded, failing)} == {
+        loaded: "MATERIALIZED", reloaded: "MATERIALIZED", failing: "FAILED"}
+    assert before["metadata"][reloaded]["run_id"] == launched[3]
+    runs_before = {run.run_id for run in services.graphql.runs({}, limit=1000)}
+
+    for name, value in services.environment.items():
+        monkeypatch.setenv(name, value)
+    nothing_kept = RetentionPolicy(keep_failed_run_outputs=timedelta(0), grace=timedelta(0),
+                                   keep_landed=timedelta(0), keep_runs=timedelta(0))
+    with DagsterInstance.from_config(str(services.dagster_home)) as instance:
+        report = prune(instance, landing_dir=Path(landing_dir()), op_output_dir=Path(storage_dir()),
+                       check_keys=list(defs.resolve_asset_graph().asset_check_keys),
+                       policy=nothing_kept, now=datetime.now(UTC) + timedelta(days=3650))
+    print("prune:", "; ".join(report.lines()))
+
+    runs_after = {run.run_id for run in services.graphql.runs({}, limit=1000)}
+    assert superseded in runs_before - runs_after, "the prune deleted no run"
+    assert runs_after < runs_before
+    assert _what_the_ui_shows(services) == before
+
+
+def _what_the_ui_shows(services: DagsterServices) -> dict:
+    """Of every partition before today (a schedule may be loading today's): its status in the
+    asset's partition bar, its latest materialisation's metadata, and each check's latest
+    result."""
+    today = datetime.now(MOSCOW).date().isoformat()
+    status = {}
+    for state, first, last in services.graphql.partition_status_ranges(ASSET):
+        day = date.fromisoformat(first)
+        while day <= date.fromisoformat(last) and day.isoformat() < today:
+            status[day.isoformat()] = state
+            day += timedelta(days=1)
+    checks = {}
+    for check in CHECKS[ASSET]:
+        for partition in status:
+            latest = services.graphql.check_executions(ASSET, check, partition, limit=1)
+            checks[(check, partition)] = [{key: execution[key] for key in (
+                "runId", "status", "evaluation")} for execution in latest]
+    return {"status": status, "checks": checks,
+            "metadata": services.graphql.partition_metadata(ASSET, sorted(status))}
 
 
 def _partitions_of(run) -> list[str]:

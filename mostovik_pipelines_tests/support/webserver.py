@@ -566,6 +566,30 @@ ASSET_MATERIALIZATIONS_QUERY = """
   }
 """
 
+ASSET_PARTITION_STATUS_QUERY = """
+  query AssetPartitionStatusQuery($assetKey: AssetKeyInput!) {
+    assetNodeOrError(assetKey: $assetKey) {
+      __typename
+      ... on AssetNode {
+        id
+        assetPartitionStatuses {
+          __typename
+          ... on TimePartitionStatuses {
+            ranges {
+              status
+              startKey
+              endKey
+            }
+          }
+        }
+      }
+      ... on AssetNotFoundError {
+        message
+      }
+    }
+  }
+"""
+
 ASSET_CHECK_EXECUTIONS_QUERY = """
   query AssetCheckExecutionsQuery(
     $assetKey: AssetKeyInput!
@@ -874,6 +898,15 @@ class DagsterGraphQL:
                     "intValue", "floatValue", "text", "mdStr") if field in entry), None)
                 for entry in event["metadataEntries"]}}
         return latest
+
+    def partition_status_ranges(self, asset_key: str) -> list[tuple[str, str, str]]:
+        """The partition bar of a time-partitioned asset's page: ``(status, first key, last
+        key)`` per range of partitions ``MATERIALIZED``, ``FAILED`` or ``MATERIALIZING``;
+        a partition in no range is missing."""
+        node = _expect(self.execute(ASSET_PARTITION_STATUS_QUERY, {
+            "assetKey": {"path": [asset_key]}})["assetNodeOrError"], "AssetNode")
+        return [(entry["status"], entry["startKey"], entry["endKey"])
+                for entry in node["assetPartitionStatuses"]["ranges"]]
 
     def check_executions(self, asset_key: str, check_name: str,
                          partition: str | None = None, limit: int = 50) -> list[dict[str, Any]]:

@@ -1,0 +1,286 @@
+"""The retention section: a simulated year of operation, then the prune a year on.
+
+A year is built the way it would have been, on a fresh ``DAGSTER_HOME`` (SQLite run storage),
+landing store and op-output storage, against the stand-in and a migrated warehouse database:
+
+* every daily source (CBR rates, CBR metal prices, ERP sync windows) over 365 days by the real
+  jobs, as a year is backfilled: ranged runs as each source's backfill policy cuts them (one
+  for the CBR rates, runs of 31 days for the others);
+* a sample of what a year of daily operation adds, by the real jobs too: partitions loaded
+  again twice (``dagster job execute``), runs that failed (the source answering 404), each
+  re-executed from its failure (``mostovik jobs rerun``);
+* what the daily schedule's later ticks fetch again: for every day of the two CBR sources, two
+  more fetches of the same page, landed by ``LandingStoreResource.land`` as the extract step
+  lands them (the same bytes: a new record, the same blob);
+* about 2,000 delivery report files (CSV, 30 lines each) landed by ``land`` as the file job's
+  extract lands them, one in ten delivered twice.
+
+The clock is not touched: the prune is run in this process with ``now`` a year on (the default
+policy: op outputs and every landed payload but each partition's latest go, runs younger than
+``keep_runs`` stay), then once more just past ``keep_runs`` (400 days), when the runs no
+partition's present depends on go too. Bytes are what the files take on disk (allocated blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+
+from benchmarks.measure import ROOT, run_command
+from mostovik_pipelines.standin import StandinServer
+from mostovik_pipelines.standin.server import StandinClient
+from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.support.delivery_reports import csv_report, deliveries, report_table
+from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.processes import local_dagster_home
+
+DATABASE = "retention"
+BIN = Path(sys.executable).parent
+DAYS = 365
+FIRST_DAY = date(2025, 12, 1)
+DAILY = {"cbr_daily_rates": "cbr", "cbr_metal_prices": "cbr_metals", "erp_work_orders": "erp"}
+"""The daily sources and their stand-in routes."""
+LOADED_AGAIN = 3
+FAILED = 2
+"""Per daily source: partitions loaded again twice (the first of the two is then no
+partition's present: the prune deletes it past ``keep_runs``), and runs failed then
+re-executed from failure (kept: the re-execution repeats them)."""
+REFETCHED = ("cbr_daily_rates", "cbr_metal_prices")
+DELIVERY_FILES = 2_000
+KEEP_RUNS_DAYS = 400
+
+
+@dataclass
+class Footprint:
+    """Bytes on disk per store and runs in run storage, at one moment."""
+
+    landing: int
+    op_outputs: int
+    instance: int
+    runs: int
+
+    @property
+    def total(self) -> int:
+        return self.landing + self.op_outputs + self.instance
+
+
+@dataclass
+class RetentionFigures:
+    days: int
+    partitions: dict[str, int]
+    delivery_files: int
+    build_seconds: float
+    before: Footprint
+    after: list[tuple[str, Footprint, float, list[str]]] = field(default_factory=list)
+    """Per prune: when (label), the footprint after it, its wall seconds, its report lines."""
+
+
+def measure_retention(server: ThrowawayPostgres, work_dir: Path,
+                      log: Callable[[str], None]) -> RetentionFigures:
+    from dagster import DagsterInstance
+
+    from mostovik_pipelines.definitions import defs
+    from mostovik_pipelines.maintenance.policy import RetentionPolicy
+    from mostovik_pipelines.maintenance.prune import prune
+
+    root = work_dir / "retention"
+    root.mkdir()
+    with psycopg.connect(server.dsn(), autocommit=True) as db:
+        db.execute(f"CREATE DATABASE {DATABASE}")
+    warehouse_url = server.url(DATABASE)
+    migrate.upgrade(warehouse_url)
+    home = local_dagster_home(root)
+    standin = StandinServer().start()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "MOSTOVIK_DATA_DIR": str(root / "data"),
+           "MOSTOVIK_DATABASE_URL": warehouse_url, "MOSTOVIK_CBR_URL": standin.cbr_url,
+           "MOSTOVIK_CBR_METALS_URL": standin.endpoint_url("cbr_metal_prices"),
+           "MOSTOVIK_ERP_URL": standin.erp_url,
+           "MOSTOVIK_ERP_START_DATE": FIRST_DAY.isoformat(),
+           "MOSTOVIK_CBR_METAL_PRICES_START_DATE": FIRST_DAY.isoformat()}
+    landing, storage = root / "data" / "landing", root / "data" / "storage"
+    keys = [(FIRST_DAY + timedelta(days=n)).isoformat() for n in range(DAYS)]
+    started = time.perf_counter()
+    try:
+        for source in DAILY:
+            _backfill(source, keys, env, log)
+        _daily_operation(env, keys, home, StandinClient(standin.url), log)
+    finally:
+        standin.stop()
+    log(f"retention: later ticks' fetches and {DELIVERY_FILES:,} delivery files, landed")
+    _fetched_again(landing, keys)
+    _delivery_files(landing)
+    build = time.perf_counter() - started
+
+    partitions = {source.name: len(list(source.iterdir())) for source in landing.iterdir()}
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("MOSTOVIK_", "DAGSTER_"))})
+    check_keys = list(defs.resolve_asset_graph().asset_check_keys)
+    figures = RetentionFigures(DAYS, partitions, DELIVERY_FILES, build,
+                               _footprint(root, landing, storage, home))
+    year_on = datetime.now(UTC) + timedelta(days=DAYS)
+    past_keep_runs = datetime.now(UTC) + timedelta(days=KEEP_RUNS_DAYS + 1)
+    for label, now in (("a year on", year_on), (f"{KEEP_RUNS_DAYS + 1} days on", past_keep_runs)):
+        log(f"retention: prune as of {label}")
+        with DagsterInstance.from_config(str(home)) as instance:
+            clock = time.perf_counter()
+            report = prune(instance, landing_dir=landing, op_output_dir=storage,
+                           check_keys=check_keys, policy=RetentionPolicy(), now=now)
+            seconds = time.perf_counter() - clock
+        figures.after.append((label, _footprint(root, landing, storage, home), seconds,
+                              report.lines()))
+    return figures
+
+
+def _backfill(source: str, keys: list[str], env: dict[str, str],
+              log: Callable[[str], None]) -> None:
+    """The year as the source's backfill policy cuts it: one ranged run (single_run:
+    ``dagster asset materialize --partition-range``), or ranged runs of at most its
+    ``max_partitions_per_run`` (what the backfill daemon launches; here ``dagster job execute``
+    with the range's tags)."""
+    from mostovik_pipelines.sources import ALL_SOURCES
+
+    [spec] = [spec for spec in ALL_SOURCES if spec.name == source]
+    per_run = spec.backfill_policy.max_partitions_per_run
+    log(f"retention: a year of {source}, {keys[0]}...{keys[-1]}, "
+        + ("one ranged run" if per_run is None else f"ranged runs of {per_run} partitions"))
+    if per_run is None:
+        run_command([str(BIN / "dagster"), "asset", "materialize", "-m", "mostovik_pipelines",
+                     "--select", source, "--partition-range", f"{keys[0]}...{keys[-1]}"], env)
+        return
+    for start in range(0, len(keys), per_run):
+        chunk = keys[start:start + per_run]
+        run_command([str(BIN / "dagster"), "job", "execute", "-m", "mostovik_pipelines", "-j",
+                     f"{source}_job", "--tags", json.dumps({
+                         "dagster/asset_partition_range_start": chunk[0],
+                         "dagster/asset_partition_range_end": chunk[-1]})], env)
+
+
+def _daily_operation(env: dict[str, str], keys: list[str], home: Path, standin: StandinClient,
+                     log: Callable[[str], None]) -> None:
+    """Partitions loaded again, and runs that failed, each re-executed from its failure."""
+    from dagster import DagsterInstance
+
+    for number, (source, route) in enumerate(DAILY.items()):
+        log(f"retention: {source}: {LOADED_AGAIN} partitions loaded again twice, {FAILED} failed "
+            "runs re-executed")
+        for key in keys[30 + number::97][:LOADED_AGAIN]:
+            for _tick in range(2):
+                run_command(_execute(source, key), env)
+        for key in keys[60 + number::131][:FAILED]:
+            when = date.fromisoformat(key)
+            match = {"cbr": f"date_req={when:%d/%m/%Y}", "cbr_metals": f"date_req1={when:%d/%m/%Y}",
+                     "erp": f"updated_from={key}"}[route]
+            standin.fault("status", route=route, status=404, times=-1, match=match)
+            failed = subprocess.run(_execute(source, key), cwd=ROOT, env=env,
+                                    capture_output=True, check=False)
+            standin.clear_faults()
+            if failed.returncode == 0:
+                raise RuntimeError(f"{source} {key}: the run meant to fail succeeded")
+            with DagsterInstance.from_config(str(home)) as instance:
+                run_id = instance.get_runs(limit=1)[0].run_id
+            run_command([str(BIN / "mostovik"), "jobs", "rerun", run_id], env)
+
+
+def _execute(source: str, key: str) -> list[str]:
+    return [str(BIN / "dagster"), "job", "execute", "-m", "mostovik_pipelines", "-j",
+            f"{source}_job", "--tags", json.dumps({"dagster/partition": key})]
+
+
+def _fetched_again(landing: Path, keys: list[str]) -> None:
+    """Two more fetches of each day's page, as the schedule's later ticks land them."""
+    from mostovik_pipelines.resources import LandingStoreResource
+
+    store = LandingStoreResource(base_dir=str(landing))
+    for source in REFETCHED:
+        for key in keys:
+            latest = store.latest(source, key)
+            content = Path(latest.blob_path).read_bytes()
+            for tick in (1, 2):
+                store.land(source, key, content, content_type=latest.content_type,
+                           origin=latest.origin,
+                           fetched_at=latest.fetched_at + timedelta(hours=4 * tick))
+
+
+def _delivery_files(landing: Path) -> None:
+    """Delivery reports as the file job's extract lands them, one partition per file version;
+    one file in ten is landed twice (its extract retried)."""
+    from mostovik_pipelines.resources import LandingStoreResource
+    from mostovik_pipelines.resources.inbox import version_key
+
+    store = LandingStoreResource(base_dir=str(landing))
+    fetched_at = datetime.combine(FIRST_DAY, datetime.min.time(), UTC)
+    for number in range(DELIVERY_FILES):
+        content = csv_report(report_table(deliveries(30, seed=number)))
+        name = f"site-{number % 40:02d}-deliveries-{number:05d}.csv"
+        key = version_key(name, hashlib.sha256(content).hexdigest())
+        for attempt in range(2 if number % 10 == 0 else 1):
+            store.land("material_deliveries", key, content, content_type="text/csv",
+                       origin=f"inbox/{name}", durable=False,
+                       fetched_at=fetched_at + timedelta(hours=4 * number, minutes=attempt))
+
+
+def _footprint(root: Path, landing: Path, storage: Path, home: Path) -> Footprint:
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs_count()
+    return Footprint(_disk_bytes(landing), _disk_bytes(storage), _disk_bytes(root / "dagster"),
+                     runs)
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(path.lstat().st_blocks * 512 for path in folder.rglob("*")) if folder.exists() else 0
+
+
+def retention_table(r: RetentionFigures, checks: list[tuple[bool, str]]) -> list[str]:
+    partitions = sum(r.partitions.values())
+    lines = [
+        "",
+        f"Retention: a simulated year ({r.days} days of {', '.join(DAILY)}; "
+        f"{r.delivery_files:,} delivery files), built in {r.build_seconds:.0f} s; fresh "
+        "DAGSTER_HOME (SQLite), the prune in process with the default policy",
+        "  partitions: " + ", ".join(f"{name} {count:,}" for name, count in
+                                     sorted(r.partitions.items())),
+        f"{'':<26}{'landing':>12}{'op outputs':>12}{'instance':>12}{'total':>12}{'runs':>7}"
+        f"{'prune s':>9}",
+    ]
+
+    def row(label: str, f: Footprint, seconds: float | None = None) -> str:
+        return (f"{label:<26}{_mb(f.landing):>12}{_mb(f.op_outputs):>12}{_mb(f.instance):>12}"
+                f"{_mb(f.total):>12}{f.runs:>7}"
+                + (f"{seconds:>9.2f}" if seconds is not None else ""))
+
+    lines.append(row("the year, before a prune", r.before))
+    for label, footprint, seconds, _report in r.after:
+        lines.append(row(f"after a prune {label}", footprint, seconds))
+    last = r.after[-1][1]
+    lines += [
+        f"  kept per partition: landing {last.landing / partitions / 1024:.1f} KiB, op outputs "
+        f"{last.op_outputs / partitions / 1024:.1f} KiB, instance "
+        f"{last.instance / partitions / 1024:.1f} KiB ({partitions:,} partitions)",
+        *(f"  prune {label}: {'; '.join(report)}" for label, _f, _s, report in r.after),
+        "  bytes: allocated on disk. The instance's SQLite files keep their size after rows are",
+        "  deleted (freed pages are reused; VACUUM would return them), and Dagster empties a",
+        "  run's event-log file rather than deleting it.",
+    ]
+    year_on = r.after[0][1]
+    checks.append((year_on.landing < r.before.landing and year_on.op_outputs == 0,
+                   f"a prune a year on keeps {year_on.landing / r.before.landing:.0%} of the "
+                   "landing store and no op outputs (target: less, and none)"))
+    checks.append((last.runs < r.before.runs and last.op_outputs == 0,
+                   f"a prune past keep_runs keeps {last.runs} of {r.before.runs} runs: those "
+                   "holding a partition's present (target: fewer)"))
+    return lines
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.1f} MB"
