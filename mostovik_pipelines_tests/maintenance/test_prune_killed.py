@@ -21,6 +21,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from unittest import mock
 
 from dagster import AssetKey, DagsterEventType, DagsterInstance
 
@@ -112,8 +113,9 @@ def _state(work_dir: Path, copied_from: Path | None = None) -> dict:
                     str(copied_from or work_dir).encode(), b"<work_dir>")
     logs = sorted(str(path.relative_to(work_dir))
                   for path in (work_dir / "dagster" / "logs").rglob("*"))
-    os.environ["DAGSTER_HOME"] = str(work_dir / "dagster_home")
-    with DagsterInstance.from_config(str(work_dir / "dagster_home")) as instance:
+    home = str(work_dir / "dagster_home")
+    with mock.patch.dict(os.environ, {"DAGSTER_HOME": home}), \
+            DagsterInstance.from_config(home) as instance:
         storage = instance.event_log_storage
         return {
             "files": files,

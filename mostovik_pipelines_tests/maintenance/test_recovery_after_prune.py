@@ -4,7 +4,6 @@ naming the run and the setting, and the table keeps what a later run loaded."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from datetime import date
@@ -26,8 +25,12 @@ MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
 
 
 @pytest.fixture
-def env(tmp_path, pg_warehouse_url, standin_server, standin):
-    return run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url)
+def env(tmp_path, pg_warehouse_url, standin_server, standin, monkeypatch):
+    """The runs' environment; this process reads their instance too (restored after the test,
+    so no later test of the worker opens it)."""
+    environment = run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url)
+    monkeypatch.setenv("DAGSTER_HOME", environment["DAGSTER_HOME"])
+    return environment
 
 
 def _mostovik(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -41,7 +44,6 @@ def _fail_in_load(partition: str, env: dict[str, str], tmp_path: Path) -> str:
                    f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/nowhere",
                    OUTAGE_SETTING: "3"}
     start_job_execute(partition, unreachable, tmp_path).communicate(timeout=180)
-    os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     run = DagsterInstance.get().get_runs(limit=1)[0]
     assert run.status == DagsterRunStatus.FAILURE
     return run.run_id
