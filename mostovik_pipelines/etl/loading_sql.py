@@ -96,6 +96,12 @@ def census_of_stage(
             f"LEFT JOIN {t} ON {_key_match(dialect, t, s, natural_key)}")
 
 
+def any_key_stored(dialect: Dialect, table: Table, key: str) -> str:
+    """PostgreSQL only: whether the table holds any key of the array bound as ``%s``."""
+    return (f"SELECT EXISTS (SELECT 1 FROM {_q(dialect, table.name)} "
+            f"WHERE {_q(dialect, key)} = ANY(%s))")
+
+
 def select_keys_held_elsewhere(
     dialect: Dialect, table: Table, stage: Table, natural_key: Sequence[str],
     partition_column: str,

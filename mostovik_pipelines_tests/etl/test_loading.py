@@ -149,6 +149,58 @@ def test_merge_by_version_never_lets_an_old_window_overwrite_a_newer_record(ware
     assert stored["B"]["status"] == "open"
 
 
+synced_metadata = MetaData()
+synced_orders = warehouse_table(
+    "test_synced_orders",
+    Column("external_id", String(32), nullable=False),
+    Column("window_start", Date, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("deleted", Boolean, nullable=False),
+    natural_key=("external_id",),
+    in_metadata=synced_metadata,
+)
+SYNCED_ORDERS = LoadTarget(synced_orders, ("external_id",), "window_start",
+                           LoadMode.MERGE_BY_VERSION, "version", "deleted")
+
+
+def synced(window: str, *rows: tuple[str, int, bool]) -> pd.DataFrame:
+    return pd.DataFrame([{"external_id": i, "window_start": date.fromisoformat(window),
+                          "version": v, "deleted": d} for i, v, d in rows])
+
+
+def test_page_groups_of_new_keys_and_of_keys_stored_elsewhere_load_alike(pg_warehouse_url):
+    """A page group whose keys the table never held is copied straight into the table; one
+    with a key stored in another window (one the key probes miss, among many new keys) still
+    moves that record and counts as the staged merge does."""
+    create_tables(pg_warehouse_url, synced_metadata)
+    engine = warehouse_engine(pg_warehouse_url)
+
+    def page(window: str, frame: pd.DataFrame, run_id: str):
+        return load_partition(engine, SYNCED_ORDERS, frame, window, run_id,
+                              whole_partition=False).as_dict(merge=True)
+
+    first = synced("2026-11-01", *((f"A{n:03d}", 1, n % 10 == 0) for n in range(100)))
+    assert page("2026-11-01", first, "run-1") == {
+        "inserted": 100, "updated": 0, "unchanged": 0, "deleted": 0, "ignored_older": 0,
+        "tombstoned": 10}
+    # A051 sits between the probed keys: only the unique key can tell it is stored.
+    later = synced("2026-11-02", *((f"B{n:03d}", 1, False) for n in range(50)),
+                   ("A051", 2, False), ("A052", 1, False),
+                   *((f"B{n:03d}", 1, False) for n in range(50, 100)))
+    with engine.connect() as connection:  # the probes miss A051: the copy meets its key
+        assert not loading._any_key_stored(connection, SYNCED_ORDERS, _arrow_rows(later))
+    assert page("2026-11-02", later, "run-2") == {
+        "inserted": 100, "updated": 1, "unchanged": 1, "deleted": 0, "ignored_older": 0,
+        "tombstoned": 0}
+    stored = {r["external_id"]: r for r in table_rows(pg_warehouse_url, synced_orders)}
+    assert len(stored) == 200
+    assert (stored["A051"]["window_start"], stored["A051"]["version"]) == (date(2026, 11, 2), 2)
+    assert stored["A052"]["window_start"] == date(2026, 11, 1)
+    assert {r["loaded_by_run"] for k, r in stored.items() if k.startswith("B")} == {"run-2"}
+    assert sum(r["deleted"] for r in stored.values()) == 10
+    assert page("2026-11-02", later, "run-3")["unchanged"] == 102
+
+
 def test_loads_of_one_partition_wait_for_each_other_and_other_partitions_do_not(
     pg_warehouse_url
 ):
