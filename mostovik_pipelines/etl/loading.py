@@ -298,7 +298,7 @@ def _any_key_stored(connection: Connection, target: LoadTarget, rows: pa.Table) 
     key = rows.column(target.natural_key[0])
     probes = key.take(np.unique(np.linspace(0, len(key) - 1, KEY_PROBES, dtype=np.int64)))
     return connection.exec_driver_sql(
-        loading_sql.any_key_stored(connection.dialect, target.table, target.natural_key[0]),
+        loading_sql.any_key_stored(connection.dialect, target.table, target.natural_key),
         (probes.to_pylist(),)).scalar_one()
 
 

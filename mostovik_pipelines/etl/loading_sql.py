@@ -96,8 +96,10 @@ def census_of_stage(
             f"LEFT JOIN {t} ON {_key_match(dialect, t, s, natural_key)}")
 
 
-def any_key_stored(dialect: Dialect, table: Table, key: str) -> str:
-    """PostgreSQL only: whether the table holds any key of the array bound as ``%s``."""
+def any_key_stored(dialect: Dialect, table: Table, natural_key: Sequence[str]) -> str:
+    """PostgreSQL only: whether the table holds any key of the array bound as ``%s`` (a natural
+    key of one column)."""
+    (key,) = natural_key
     return (f"SELECT EXISTS (SELECT 1 FROM {_q(dialect, table.name)} "
             f"WHERE {_q(dialect, key)} = ANY(%s))")
 
