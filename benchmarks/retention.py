@@ -37,8 +37,7 @@ from pathlib import Path
 import psycopg
 
 from benchmarks.measure import ROOT, run_command
-from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines.standin.server import StandinClient
+from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.delivery_reports import csv_report, deliveries, report_table
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres

@@ -19,7 +19,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines import cli
 from mostovik_pipelines.etl.tags import STATUS_TAG
-from mostovik_pipelines.readers import delivery_report
+from mostovik_pipelines.readers import csv_export, delivery_report
 from mostovik_pipelines.sources import material_deliveries
 from mostovik_pipelines_tests.support import delivery_reports as reports
 from mostovik_pipelines_tests.support.delivery_reports import TITLE_ROWS, Layout
@@ -531,7 +531,7 @@ def test_two_versions_of_one_file_loading_at_once_never_mix(
 
 
 def _split_by_csv_only(monkeypatch) -> None:
-    monkeypatch.setattr(delivery_report, "_csv_table", lambda *args, **kwargs: None)
+    monkeypatch.setattr(csv_export, "_csv_table", lambda *args, **kwargs: None)
 
 
 def _parsed(content: bytes) -> tuple:
@@ -576,7 +576,7 @@ def test_arrow_and_python_csv_split_a_report_alike(monkeypatch, arrow_splits, bu
     line; a shifted row is wider than the header), csv splits it either way."""
     content = build(_lines(40, 3))
     split = delivery_report._read_sheet(content, "Объект.csv", len(content))
-    assert isinstance(split, delivery_report._CsvTable) is arrow_splits
+    assert isinstance(split, csv_export.CsvTable) is arrow_splits
     by_arrow = _parsed(content)
     _split_by_csv_only(monkeypatch)
     assert _parsed(content) == by_arrow
