@@ -41,8 +41,9 @@ def env(tmp_path, pg_warehouse_url, standin_server, standin):
 
 
 def _instance(env: dict[str, str]) -> DagsterInstance:
-    os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
-    return DagsterInstance.get()
+    # The run's instance, opened from its home; the worker's environment keeps no DAGSTER_HOME
+    # for later tests to pick up.
+    return DagsterInstance.from_config(env["DAGSTER_HOME"])
 
 
 def _finish(process: subprocess.Popen, timeout: float = 180) -> str:
