@@ -252,11 +252,11 @@ def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
                      bookkeeping: dict[str, Any], kept: KeptRows | None, *,
                      compare_stored: bool = True) -> LoadCounts:
     partition_value = target.partition_value(partition_key)
-    if (not compare_stored and not _any_key_stored(connection, target, rows)
-            and _copy_into_empty_partition(connection, target, rows, None)):
+    if not compare_stored and not _any_key_stored(connection, target, rows):
         # A page group of keys the table has never held (a first sync): every row is new.
-        return LoadCounts(inserted=rows.num_rows, updated=0, unchanged=0, deleted=0,
-                          tombstoned=_tombstones(target, rows))
+        copied = _copy_into_empty_partition(connection, target, rows, None)
+        if copied is not None:
+            return copied
     if not (compare_stored and session.utf8 and _comparable_key(target, rows)):
         # Keys Arrow cannot match as the database does: stage everything, the SQL decides.
         pending, vanished = None, None
@@ -264,8 +264,10 @@ def _load_postgresql(connection: Connection, target: LoadTarget, rows: pa.Table,
         order = _key_order(rows, target.natural_key)
         stored = _read_back(connection, target, rows, partition_value)
         first = next(stored, None)
-        if first is None and _copy_into_empty_partition(connection, target, rows, order):
-            return LoadCounts(inserted=rows.num_rows, updated=0, unchanged=0, deleted=0)
+        copied = (_copy_into_empty_partition(connection, target, rows, order)
+                  if first is None else None)
+        if copied is not None:
+            return copied
         stored = itertools.chain([first] if first is not None else [], stored)
         maybe_changed, vanished = _compare_in_key_order(target, rows, order, stored)
         vanished = _without_kept(target, vanished, kept)
@@ -544,14 +546,15 @@ def _binary_arrow_type(sql_type: Any, arrow_type: pa.DataType) -> pa.DataType | 
 
 
 def _copy_into_empty_partition(connection: Connection, target: LoadTarget, rows: pa.Table,
-                               order: np.ndarray) -> bool:
-    """Copy straight into the table (bookkeeping from the column defaults); False, and nothing
+                               order: np.ndarray | None) -> LoadCounts | None:
+    """Copy straight into the table (bookkeeping from the column defaults): every row new, a
+    tombstone row a new tombstone, as the staged census counts them; None, and nothing
     written, if a natural key exists in another partition."""
     try:
         with connection.begin_nested():
             _copy(connection, target.table, rows, target.natural_key, order=order)
     except psycopg.errors.UniqueViolation:
-        return False
+        return None
     except psycopg.errors.NotNullViolation as violation:
         if violation.diag.column_name in BOOKKEEPING_COLUMNS:
             raise ConfigurationError(
@@ -561,7 +564,8 @@ def _copy_into_empty_partition(connection: Connection, target: LoadTarget, rows:
                 "migration with `mostovik new-source NAME --migration-only`, which freezes them "
                 "in it as POSTGRESQL_CONVENTIONS (docs/adding-a-source.md)") from violation
         raise
-    return True
+    return LoadCounts(inserted=rows.num_rows, updated=0, unchanged=0, deleted=0,
+                      tombstoned=_tombstones(target, rows))
 
 
 # Column types whose text PostgreSQL prints in exactly one way, so text equality is value
