@@ -109,8 +109,9 @@ def standin_environment(base_url: str) -> dict[str, str]:
               help="Write the source's migration again from its declared table (while it is "
                    "the newest migration).")
 def new_source(name: str, job_type: str | None, migration_only: bool) -> None:
-    """Scaffold source NAME: its module, partitions, stand-in endpoint, test, bad-input corpus
-    and migration, passing their tests as written (docs/adding-a-source.md)."""
+    """Scaffold source NAME: its folder (declaration, partitions, parsing, stand-in endpoint),
+    test, bad-input corpus and migration, passing their tests as written
+    (docs/adding-a-source.md)."""
     from mostovik_pipelines.scaffold import ScaffoldRefused, new_source, source_migration
     from mostovik_pipelines.warehouse.freeze import MigrationRefused
 
@@ -123,10 +124,10 @@ def new_source(name: str, job_type: str | None, migration_only: bool) -> None:
     for item in written:
         click.echo(str(item))
     if not migration_only:
-        click.echo(f"next: declare {name}'s table and parse its payload in "
-                   f"mostovik_pipelines/sources/{name}.py, serve its format in "
-                   f"mostovik_pipelines/standin/{name}.py (file sources: none), then "
-                   f"`mostovik new-source {name} --migration-only` and `make test`")
+        click.echo(f"next: declare {name}'s table in mostovik_pipelines/sources/{name}/"
+                   f"source.py, parse its payload in parse.py, serve its format in standin.py "
+                   f"(file sources: none), then `mostovik new-source {name} --migration-only` "
+                   "and `make test`")
 
 
 @main.command()

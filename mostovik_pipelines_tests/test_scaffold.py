@@ -1,9 +1,11 @@
 """`mostovik new-source`: what it writes for each kind of source passes its tests at once, honours
-the whole contract, is lint-clean, and its migration imports nothing of the project. Run on a
-copy of the repository, so the real one is never touched."""
+the whole contract, is lint-clean, its migration imports nothing of the project, and it changes
+no file that existed: a source is new files only. Run on a copy of the repository, so the real
+one is never touched."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -31,6 +33,22 @@ def _copy_of_the_repository(target: Path) -> Path:
     return target
 
 
+def _files(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (bytecode caches aside), by path, with its content's digest."""
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in root.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+
+
+def _a_new_sources_own(path: str) -> bool:
+    """Whether ``path`` belongs to one of the scaffolded sources: its folder, its test folder,
+    its corpus or its migration."""
+    return any(path.startswith((f"mostovik_pipelines/sources/{name}/",
+                                f"mostovik_pipelines_tests/sources/{name}/",
+                                f"mostovik_pipelines_tests/corpus/{name}/"))
+               or (path.startswith("mostovik_pipelines/warehouse/migrations/versions/")
+                   and path.endswith(f"_{name}.py")) for name in KINDS)
+
+
 def _run(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(cwd)}
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
@@ -39,11 +57,19 @@ def _run(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProces
 
 def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_path):
     copy = _copy_of_the_repository(tmp_path / "repo")
+    before = _files(copy)
     scaffold = "; ".join(f"new_source({name!r}, {kind!r})" for name, kind in KINDS.items())
     written = _run([sys.executable, "-c",
                     f"from mostovik_pipelines.scaffold import new_source; {scaffold}"],
                    copy, timeout=300)
     assert written.returncode == 0, written.stderr[-3000:]
+    after = _files(copy)
+    assert [path for path, digest in before.items() if after.get(path) != digest] == []
+    new = sorted(set(after) - set(before))
+    assert [path for path in new if not _a_new_sources_own(path)] == []
+    for name in KINDS:
+        assert f"mostovik_pipelines/sources/{name}/source.py" in new
+        assert f"mostovik_pipelines/sources/{name}/parse.py" in new
     for name in KINDS:
         migration = next((copy / "mostovik_pipelines/warehouse/migrations/versions").glob(
             f"*_{name}.py")).read_text()
@@ -56,7 +82,7 @@ def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_
                        "mostovik_pipelines_tests"], copy, timeout=120)
         assert linted.returncode == 0, linted.stdout[-3000:]
 
-    tests = [f"mostovik_pipelines_tests/sources/test_{name}.py" for name in KINDS]
+    tests = [f"mostovik_pipelines_tests/sources/{name}/test_{name}.py" for name in KINDS]
     contract = "mostovik_pipelines_tests/test_source_contract.py"
     bad_input = "mostovik_pipelines_tests/test_bad_input.py"  # the scaffolded corpus cases
     selected = " or ".join(KINDS)

@@ -76,7 +76,7 @@ def test_a_source_without_its_job_is_named(example):
                if isinstance(a, AssetsDefinition)]
     found = problems_of(example, definitions=location(example, [asset]))
     assert f"{EXAMPLE}: no job {EXAMPLE}_job in the code location" in found
-    assert f"mostovik_pipelines/sources/{EXAMPLE}.py" in found
+    assert f"mostovik_pipelines/sources/{EXAMPLE}/source.py" in found
 
 
 def test_a_source_without_a_schedule_or_sensor_is_named(example):
@@ -152,13 +152,13 @@ def test_a_migration_without_the_conventions_is_named(example, tmp_path):
 def test_a_source_without_a_standin_endpoint_is_named(example):
     endpoints = {k: v for k, v in discover_endpoints().items() if k != EXAMPLE}
     found = problems_of(example, endpoints=endpoints)
-    assert f"{EXAMPLE}: no stand-in endpoint: add a module to mostovik_pipelines/standin/" in (
-        found)
+    assert (f"{EXAMPLE}: no stand-in endpoint: add mostovik_pipelines/sources/{EXAMPLE}/"
+            "standin.py") in found
 
 
 def test_a_source_without_its_url_setting_is_named(example):
     found = problems_of(dataclasses.replace(example, url_setting=None))
-    assert f"no url_setting in mostovik_pipelines/sources/{EXAMPLE}.py" in found
+    assert f"no url_setting in mostovik_pipelines/sources/{EXAMPLE}/source.py" in found
 
 
 def test_a_source_without_a_corpus_is_named(example, tmp_path):
@@ -176,14 +176,30 @@ def test_a_corpus_without_cases_is_named(example, tmp_path):
 
 def test_a_source_without_a_test_module_is_named(example, tmp_path):
     found = problems_of(example, tests=tmp_path)
-    assert f"no test module {tmp_path}/test_{EXAMPLE}.py" in found
+    assert f"no test module {tmp_path}/{EXAMPLE}/test_{EXAMPLE}.py" in found
 
 
 def test_a_source_module_without_a_declaration_is_named(tmp_path):
-    (tmp_path / "half_done.py").write_text('"""A source not declared yet."""\n\nTABLE = None\n')
-    (tmp_path / "_helpers.py").write_text("X = 1\n")
+    for folder in ("half_done", "_helpers", "complete"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "half_done" / "source.py").write_text(
+        '"""A source not declared yet."""\n\nTABLE = None\n')
+    (tmp_path / "_helpers" / "source.py").write_text("X = 1\n")
+    (tmp_path / "complete" / "source.py").write_text("SOURCE = None\n")
     assert modules_without_a_source(tmp_path) == [
-        f"{tmp_path}/half_done.py declares no SOURCE = SourceSpec(...): the source is not "
+        f"{tmp_path}/half_done/source.py declares no SOURCE = SourceSpec(...): the source is "
+        "not discovered"]
+
+
+def test_a_source_outside_a_folder_or_without_its_init_is_named(tmp_path):
+    (tmp_path / "flat.py").write_text("SOURCE = None\n")
+    (tmp_path / "no_init").mkdir()
+    (tmp_path / "no_init" / "source.py").write_text("SOURCE = None\n")
+    assert modules_without_a_source(tmp_path) == [
+        f"{tmp_path}/flat.py: a source is a folder, sources/flat/ with source.py, parse.py and "
+        "__init__.py",
+        f"{tmp_path}/no_init has no __init__.py re-exporting SOURCE: the source is not "
         "discovered"]
 
 

@@ -339,7 +339,7 @@ class SourceSpec:
 def _refuse_implicit_rules(spec: SourceSpec) -> None:
     """The rules a declaration used to learn only by failing at its first load, each refused
     here with the source, the column and the fix."""
-    where = f"source {spec.name} (mostovik_pipelines/sources/{spec.name}.py)"
+    where = f"source {spec.name} (mostovik_pipelines/sources/{spec.name}/source.py)"
     table = spec.table
     missing = [c for c in BOOKKEEPING_COLUMNS if c not in table.columns]
     if missing:

@@ -1,12 +1,14 @@
 """``mostovik new-source NAME --type parser|sync|file``: a new source's files, written from the
 templates of its kind, that pass their tests as they are.
 
-It writes the source module (its declaration and its two functions), the source's partitions in
-``partitions.py``, its stand-in endpoint (an HTTP source's; a file source's stand-in is its
-inbox), its test module, its bad-input corpus and, last, its migration, generated from the
-table the module declares (:mod:`mostovik_pipelines.warehouse.freeze`). Every one of these is
-found by convention; nothing is registered anywhere. After changing the declared table, while
-its migration is still the newest, ``--migration-only`` writes the migration again.
+It writes the source's folder, ``mostovik_pipelines/sources/<name>/``: ``source.py`` (its
+table, partitions and declaration), ``parse.py`` (its two functions), ``standin.py`` (its
+stand-in endpoint, an HTTP source's; a file source's stand-in is its inbox) and ``__init__.py``;
+then its test folder, its bad-input corpus and, last, its migration, generated from the table
+the source declares (:mod:`mostovik_pipelines.warehouse.freeze`). Each kind's templates are the
+files its folder gets. Every one of these is new and found by convention: no file that exists
+is changed, nothing is registered anywhere. After changing the declared table, while its
+migration is still the newest, ``--migration-only`` writes the migration again.
 """
 
 from __future__ import annotations
@@ -37,12 +39,10 @@ class ScaffoldRefused(Exception):
 class Written:
     path: Path
     lines: int
-    appended: bool = False
 
     def __str__(self) -> str:
-        verb = "appended" if self.appended else "wrote"
         lines = f"{self.lines} line" + ("" if self.lines == 1 else "s")
-        return f"{verb} {self.path.relative_to(REPO)} ({lines})"
+        return f"wrote {self.path.relative_to(REPO)} ({lines})"
 
 
 def new_source(name: str, job_type: str) -> list[Written]:
@@ -52,30 +52,26 @@ def new_source(name: str, job_type: str) -> list[Written]:
                               f"at most {LONGEST_NAME} characters")
     if job_type not in JOB_TYPES:
         raise ScaffoldRefused(f"--type is one of {', '.join(JOB_TYPES)}")
-    module = PACKAGE / "sources" / f"{name}.py"
+    folder = PACKAGE / "sources" / name
+    tests = REPO / "mostovik_pipelines_tests" / "sources" / name
     templates = TEMPLATES / job_type
     values = {"name": name, "NAME": name.upper(),
               "Name": "".join(part.title() for part in name.split("_")),
               "title": name.replace("_", " ").capitalize()}
     targets = {
-        module: templates / "source.py.tmpl",
-        PACKAGE / "standin" / f"{name}.py": templates / "standin.py.tmpl",
-        REPO / "mostovik_pipelines_tests" / "sources" / f"test_{name}.py": (
-            templates / "test.py.tmpl"),
+        **{folder / f"{module}.py": templates / f"{module}.py.tmpl"
+           for module in ("__init__", "source", "parse", "standin")},
+        tests / f"test_{name}.py": templates / "test.py.tmpl",
         **{REPO / "mostovik_pipelines_tests" / "corpus" / name / case.name.removesuffix(
             ".tmpl"): case for case in sorted((templates / "corpus").iterdir())},
     }
     files = {path: _render(template, values) if template.suffix == ".tmpl" else (
         template.read_text()) for path, template in targets.items() if template.exists()}
+    files[tests / "__init__.py"] = ""  # a package: the test module's name stays unique
     existing = [str(path.relative_to(REPO)) for path in files if path.exists()]
     if existing:
         raise ScaffoldRefused(f"{', '.join(existing)} exist(s) already")
     written = [_write(path, text) for path, text in files.items()]
-    partitions = PACKAGE / "partitions.py"
-    addition = _render(templates / "partition.py.tmpl", values)
-    with partitions.open("a") as file:
-        file.write(addition)
-    written.append(Written(partitions, len(addition.strip("\n").splitlines()), appended=True))
     written.append(source_migration(name))
     return written
 
@@ -84,10 +80,10 @@ def source_migration(name: str) -> Written:
     """Write (or, while it is the newest, rewrite) the migration of the table the source
     module declares, from the module as it is now."""
     _forget_loaded(name)
-    module = importlib.import_module(f"mostovik_pipelines.sources.{name}")
+    module = importlib.import_module(f"mostovik_pipelines.sources.{name}.source")
     spec = getattr(module, "SOURCE", None)
     if spec is None:
-        raise ScaffoldRefused(f"mostovik_pipelines/sources/{name}.py declares no SOURCE")
+        raise ScaffoldRefused(f"mostovik_pipelines/sources/{name}/source.py declares no SOURCE")
     summary = (module.__doc__ or name).split("\n\n")[0].replace("\n", " ").rstrip(".")
     own = list(VERSIONS_DIR.glob(f"[0-9][0-9][0-9][0-9]_{spec.table.name}.py"))
     path = write_migration(spec.table, summary, replace=bool(own))
@@ -95,10 +91,11 @@ def source_migration(name: str) -> Written:
 
 
 def _forget_loaded(name: str) -> None:
-    """Drop modules this process loaded before the scaffold changed them (partitions, the
-    source), so that the migration is generated from the files as they are now."""
+    """Drop the source's modules this process loaded before they changed, so that the migration
+    is generated from the files as they are now."""
     importlib.invalidate_caches()
-    for module in ("mostovik_pipelines.partitions", f"mostovik_pipelines.sources.{name}"):
+    package = f"mostovik_pipelines.sources.{name}"
+    for module in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
         sys.modules.pop(module, None)
 
 

@@ -1,5 +1,8 @@
-"""One module per source. Each exposes ``SOURCE``, its declaration; modules are discovered here,
-so adding a source means adding a module (and its table's migration), nothing else."""
+"""One folder per source, each with the same small set of files: ``source.py`` (its table,
+partitions and ``SOURCE`` declaration), ``parse.py`` (its format and quirks: the extract and
+transform functions), ``standin.py`` (its stand-in endpoint, for an HTTP source) and an
+``__init__.py`` re-exporting ``SOURCE``. Folders are discovered here, so adding a source means
+adding a folder (and its table's migration, its test and its corpus), nothing else."""
 
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ from mostovik_pipelines.etl.spec import SourceSpec
 
 
 def discover_sources() -> tuple[SourceSpec, ...]:
-    """Every ``SOURCE`` declared by a module of this package, in name order."""
+    """Every ``SOURCE`` declared by a source folder of this package, in name order."""
     specs = []
-    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{__name__}.{module_info.name}")
+    for folder in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not folder.ispkg:
+            continue
+        module = importlib.import_module(f"{__name__}.{folder.name}")
         spec = getattr(module, "SOURCE", None)
         if isinstance(spec, SourceSpec):
             specs.append(spec)

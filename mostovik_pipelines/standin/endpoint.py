@@ -1,9 +1,10 @@
 """A source's stand-in endpoint, found by convention.
 
-Every module of this package that declares ``ENDPOINT = Endpoint(...)`` stands in for the
-source it names: the stand-in server serves it at its ``path``, ``mostovik demo`` and
-``make dev`` point the source's ``url_setting`` at it, and the tests wire the source's resource
-to it. A new source's stand-in is one such module and nothing else.
+A source folder's ``standin.py`` (``mostovik_pipelines/sources/<name>/standin.py``) that
+declares ``ENDPOINT = Endpoint(...)`` stands in for the source it names: the stand-in server
+serves it at its ``path``, ``mostovik demo`` and ``make dev`` point the source's ``url_setting``
+at it, and the tests wire the source's resource to it. A new source's stand-in is that one
+module and nothing else; this package holds only what every endpoint shares.
 
 An endpoint's state (:class:`EndpointState`) answers requests at its path and, for tests, the
 controls at ``/_control/<route>/<name>``; the server adds the faults every endpoint shares
@@ -13,6 +14,7 @@ controls at ``/_control/<route>/<name>``; the server adds the faults every endpo
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +22,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from mostovik_pipelines.standin.reply import Reply
+
+SOURCES_PACKAGE = "mostovik_pipelines.sources"
+"""Where the source folders are, each maybe with a ``standin.py``."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class EndpointState:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A source's stand-in, as a module of this package declares it (``ENDPOINT``)."""
+    """A source's stand-in, as its folder's ``standin.py`` declares it (``ENDPOINT``)."""
 
     source: str
     """The name of the source it stands in for."""
@@ -100,12 +105,14 @@ class Endpoint:
 
 
 def discover_endpoints() -> dict[str, Endpoint]:
-    """Every endpoint declared in this package, by the name of its source."""
-    package = importlib.import_module(__package__)
+    """Every endpoint declared by a source folder's ``standin.py``, by the name of its source."""
+    sources = importlib.import_module(SOURCES_PACKAGE)
     found: dict[str, Endpoint] = {}
-    for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{__package__}.{module_info.name}")
-        endpoint = getattr(module, "ENDPOINT", None)
+    for folder in sorted(pkgutil.iter_modules(sources.__path__), key=lambda m: m.name):
+        name = f"{SOURCES_PACKAGE}.{folder.name}.standin"
+        if not folder.ispkg or importlib.util.find_spec(name) is None:
+            continue
+        endpoint = getattr(importlib.import_module(name), "ENDPOINT", None)
         if not isinstance(endpoint, Endpoint):
             continue
         if endpoint.source in found:

@@ -1,9 +1,11 @@
 """A local stand-in for the external sources: a real HTTP server on 127.0.0.1 that serves each
 source's format deterministically and injects the faults tests ask for.
 
-It serves every endpoint the package declares (:mod:`.endpoint`: a module with ``ENDPOINT``),
-each at its path: ``/cbr/XML_daily.asp`` (route ``cbr``, :mod:`.cbr`), ``/erp`` (route ``erp``,
-:mod:`.erp`, work orders at ``/erp/api/v1/work-orders``), ... A source's base URL is
+It serves every endpoint a source declares (:mod:`.endpoint`: a source folder's ``standin.py``
+with ``ENDPOINT``), each at its path: ``/cbr/XML_daily.asp`` (route ``cbr``,
+:mod:`mostovik_pipelines.sources.cbr_daily_rates.standin`), ``/erp`` (route ``erp``,
+:mod:`mostovik_pipelines.sources.erp_work_orders.standin`, work orders at
+``/erp/api/v1/work-orders``), ... A source's base URL is
 :meth:`StandinServer.endpoint_url`.
 
 Control endpoints (JSON), used by tests and the chaos suite through :class:`.client.StandinClient`:
@@ -28,7 +30,7 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`.cli
 * ``<method> /_control/<route>/<name>``: an endpoint's own controls; ``DELETE
   /_control/<route>`` forgets what tests changed in it.
 * CBR: ``POST /_control/cbr/changes``, ``POST /_control/cbr/published_until``,
-  ``DELETE /_control/cbr/changes`` (see :mod:`.cbr`).
+  ``DELETE /_control/cbr/changes`` (see :mod:`mostovik_pipelines.sources.cbr_daily_rates.standin`).
 * ERP (errors answer 400/404/409 with ``{"error", "message"}``):
   ``POST /_control/erp/reset`` ``{"seed": 1}`` back to the seeded base state and start-up settings;
   ``POST /_control/erp/volume`` ``{"day": "2026-11-03", "records": 100000}``;
@@ -341,8 +343,8 @@ class StandinServer:
     def endpoint_url(self, source: str) -> str:
         """The base URL that points ``source`` at its stand-in endpoint."""
         if source not in self.endpoints:
-            raise KeyError(f"no stand-in endpoint for source {source}: add a module to "
-                           "mostovik_pipelines/standin/ that declares ENDPOINT")
+            raise KeyError(f"no stand-in endpoint for source {source}: add "
+                           f"mostovik_pipelines/sources/{source}/standin.py declaring ENDPOINT")
         return f"{self.url}{self.endpoints[source].path}"
 
     @property

@@ -28,7 +28,8 @@ from mostovik_pipelines.warehouse.types import ExactDecimal
 from mostovik_pipelines_tests.support.warehouse import create_tables
 
 DAY = "2026-11-04"
-WHERE = re.escape("source cbr_metal_prices (mostovik_pipelines/sources/cbr_metal_prices.py)")
+WHERE = re.escape(
+    "source cbr_metal_prices (mostovik_pipelines/sources/cbr_metal_prices/source.py)")
 
 
 def metals_table(*columns, natural_key=("price_date", "metal_code")) -> Table:

@@ -51,27 +51,39 @@ class Project:
 def contract_problems(spec: SourceSpec, project: Project) -> list[str]:
     """Every piece of the source's contract that is missing, each named with where it goes."""
     name = spec.name
-    module = f"mostovik_pipelines/sources/{name}.py"
+    module = f"mostovik_pipelines/sources/{name}/source.py"
+    test_module = project.tests / name / f"test_{name}.py"
     return [f"{name}: {problem}" for problem in (
         *_job_problems(spec, project.definitions, module),
         *_retry_problems(spec, project.definitions, module),
         *_migration_problems(spec, project.migrations),
         *_standin_problems(spec, project.found_endpoints, module),
         *_corpus_problems(spec, project.corpus),
-        *([] if (project.tests / f"test_{name}.py").exists() else [
-            f"no test module {_shown(project.tests / f'test_{name}.py')}: it loads a partition "
+        *([] if test_module.exists() else [
+            f"no test module {_shown(test_module)}: it loads a partition "
             "end to end on PostgreSQL and SQLite (`mostovik new-source` writes one)"]),
     )]
 
 
 def modules_without_a_source(sources: Path = SOURCES) -> list[str]:
-    """Source modules that declare no ``SOURCE``: they are never discovered, so nothing of
-    theirs runs (modules starting with ``_`` are helpers)."""
-    return [
-        f"{_shown(path)} declares no SOURCE = SourceSpec(...): the source is not discovered"
-        for path in sorted(sources.glob("*.py")) if not path.name.startswith("_")
-        and "SOURCE" not in _assigned_names(ast.parse(path.read_text()))
-    ]
+    """Source folders whose ``source.py`` declares no ``SOURCE``, folders without the
+    ``__init__.py`` that re-exports it, and modules outside a folder: none of them is
+    discovered, so nothing of theirs runs (names starting with ``_`` are helpers)."""
+    problems = [
+        f"{_shown(path)}: a source is a folder, sources/{path.stem}/ with source.py, parse.py "
+        "and __init__.py"
+        for path in sorted(sources.glob("*.py")) if not path.name.startswith("_")]
+    for folder in sorted(path for path in sources.iterdir() if path.is_dir()
+                         and not path.name.startswith(("_", "."))):
+        declaration = folder / "source.py"
+        if not declaration.exists() or "SOURCE" not in _assigned_names(
+                ast.parse(declaration.read_text())):
+            problems.append(f"{_shown(declaration)} declares no SOURCE = SourceSpec(...): the "
+                            "source is not discovered")
+        elif not (folder / "__init__.py").exists():
+            problems.append(f"{_shown(folder)} has no __init__.py re-exporting SOURCE: the "
+                            "source is not discovered")
+    return problems
 
 
 def migrations_importing_project_code(migrations: Path = VERSIONS_DIR) -> list[str]:
@@ -199,9 +211,10 @@ def _standin_problems(spec: SourceSpec, endpoints: Mapping[str, Endpoint],
     problems = []
     if spec.name not in endpoints:
         problems.append(
-            f"no stand-in endpoint: add a module to mostovik_pipelines/standin/ that declares "
-            f'ENDPOINT = Endpoint(source="{spec.name}", route=..., path=..., state=...) '
-            "(standin/cbr.py is one); tests, `mostovik demo` and `make dev` find it there")
+            f"no stand-in endpoint: add mostovik_pipelines/sources/{spec.name}/standin.py "
+            f'that declares ENDPOINT = Endpoint(source="{spec.name}", route=..., path=..., '
+            "state=...) (sources/cbr_daily_rates/standin.py is one); tests, `mostovik demo` and "
+            "`make dev` find it there")
     if not spec.url_setting:
         problems.append(f"no url_setting in {module}: name the MOSTOVIK_* variable its "
                         "resource reads the URL from, so `mostovik demo` and `make dev` can "

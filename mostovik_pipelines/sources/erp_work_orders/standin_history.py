@@ -16,7 +16,7 @@ from heapq import merge
 
 import numpy as np
 
-from mostovik_pipelines.standin.erp_records import (
+from mostovik_pipelines.sources.erp_work_orders.standin_records import (
     FIRST_DAY,
     LAST_DAY,
     SeededDay,
@@ -25,7 +25,7 @@ from mostovik_pipelines.standin.erp_records import (
     generate,
     parse_base_id,
 )
-from mostovik_pipelines.standin.erp_replies import ErpError
+from mostovik_pipelines.sources.erp_work_orders.standin_replies import ErpError
 
 # Generated days kept in memory, counted in records (about 45 bytes each).
 CACHE_RECORDS = 1_000_000
@@ -74,7 +74,7 @@ class CachedDay:
 
 
 class WorkOrderHistory:
-    """The work orders' visible versions, day by day, for :class:`.erp.ErpStandin`: its
+    """The work orders' visible versions, day by day, for :class:`.standin.ErpStandin`: its
     ``reset`` sets the state these read and change (``_seed``, ``_volumes``, ``_changed``,
     ``_hidden``, ``_moved_in``, ``_cache``, ``_cached_records``), and its lock is held around
     every call."""

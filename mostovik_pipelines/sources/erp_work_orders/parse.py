@@ -1,12 +1,6 @@
-"""Work orders from the project-management (ERP) API, synced incrementally by day of change.
-
-Each daily partition is the window [day, day + 1) of ``updated_at`` in Moscow time (by
-default). The API pages a window by opaque tokens that expire (410) and is rate-limited (429
-with Retry-After); items come ordered by (``updated_at``, ``id``). Only a record's latest
-version is visible, in the window of its latest change: a record updated again later moves to
-its newer window, and a deletion arrives as a tombstone (``deleted: true``) there. So the table
-is merged by version: a record wins only with a newer ``version`` (64-bit), tombstones mark the
-record deleted and keep it, and nothing is deleted because it is absent from a window.
+"""The ERP's work-orders API as it answers: a day's window of ``updated_at`` asked page by
+page, page tokens that expire (410, the window then narrowed to resume after the last item
+received), and the items read into rows (64-bit versions, tombstones, instants with offsets).
 """
 
 from __future__ import annotations
@@ -17,60 +11,29 @@ from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
 import orjson
-from dagster import BackfillPolicy, EnvVar, FreshnessPolicy
-from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Index, String, Text
 
 from mostovik_pipelines.etl.errors import (
     PageCursorExpired,
     SourceContractError,
     SourceRequestRejected,
 )
-from mostovik_pipelines.etl.load_target import KeyHeldElsewhere, LoadMode
-from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.spec import (
     ExtractRequest,
-    JobType,
     PageCursor,
     ParsedRows,
     RawPayload,
     RejectedRow,
-    SourceSchedule,
-    SourceSpec,
     TransformRequest,
 )
-from mostovik_pipelines.partitions import erp_work_orders_daily_partition
-from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
-from mostovik_pipelines.warehouse.schema import warehouse_table
-from mostovik_pipelines.warehouse.types import ExactDecimal
 
-URL_SETTING = "MOSTOVIK_ERP_URL"
 WORK_ORDERS_PATH = "api/v1/work-orders"
 PAGE_SIZE = int(setting("MOSTOVIK_ERP_PAGE_SIZE", "100"))
-ROWS_PER_COMMIT = int(setting("MOSTOVIK_ERP_ROWS_PER_COMMIT", "5000"))
-"""Work orders per transaction (50 pages of 100): a crash re-fetches at most that many."""
-TIMEZONE = ZoneInfo(erp_work_orders_daily_partition.timezone)
+TIMEZONE = ZoneInfo(setting("MOSTOVIK_ERP_TIMEZONE", "Europe/Moscow"))
+"""The ERP's days: the daily partitions' and their windows' timezone."""
 STATUSES = ("planned", "in_progress", "done", "cancelled")
 FIELDS = ("id", "object_code", "title", "status", "planned_start", "planned_finish", "amount",
           "updated_at", "version", "deleted")
-
-erp_work_orders = warehouse_table(
-    "erp_work_orders",
-    Column("id", String(64), nullable=False, comment="the ERP's work order id"),
-    Column("object_code", String(64), nullable=False, comment="construction site or bridge"),
-    Column("title", Text, nullable=False),
-    Column("status", String(16), nullable=False, comment=", ".join(STATUSES)),
-    Column("planned_start", Date, nullable=True),
-    Column("planned_finish", Date, nullable=True),
-    Column("amount", ExactDecimal(), nullable=False, comment="roubles, exact"),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
-    Column("version", BigInteger, nullable=False, comment="grows with every change"),
-    Column("deleted", Boolean, nullable=False, comment="a tombstone: deleted at the source"),
-    Column("window_date", Date, nullable=False,
-           comment="the sync window (day of updated_at) the record's version came in"),
-    Index("ix_erp_work_orders_window_date", "window_date"),
-    natural_key=("id",),
-)
 
 
 def window_bounds(partition_key: str) -> tuple[datetime, datetime]:
@@ -197,38 +160,3 @@ def _instant(value: str) -> datetime:
 
 def _date(value: str | None) -> date | None:
     return date.fromisoformat(value) if value else None
-
-
-SOURCE = SourceSpec(
-    name="erp_work_orders",
-    job_type=JobType.SYNC,
-    description=__doc__.split("\n\n")[0].replace("\n", " "),
-    partitions_def=erp_work_orders_daily_partition,
-    table=erp_work_orders,
-    natural_key=("id",),
-    partition_column="window_date",
-    load_mode=LoadMode.MERGE_BY_VERSION,
-    version_column="version",
-    tombstone_column="deleted",
-    # A record updated again later moves to the window of its newer change.
-    key_held_elsewhere=KeyHeldElsewhere.MOVE,
-    paged=True,
-    rows_per_commit=ROWS_PER_COMMIT,
-    extract=extract,
-    transform=transform,
-    url_setting=URL_SETTING,
-    resource=HttpSourceResource(
-        base_url=setting(URL_SETTING, "http://127.0.0.1:8765/erp"),
-        timeout_seconds=float(setting("MOSTOVIK_ERP_TIMEOUT_SECONDS", "30")),
-        token=EnvVar("MOSTOVIK_ERP_TOKEN") if setting("MOSTOVIK_ERP_TOKEN", "") else None,
-    ),
-    schedule=SourceSchedule(cron="5 * * * *", timezone=TIMEZONE.key, latest_partitions=1),
-    extract_retry=RetryPolicy(max_attempts=5, base_delay_seconds=2.0, max_delay_seconds=60.0),
-    max_rejected_share=0.01,
-    backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=31),
-    max_runtime_seconds=60 * 60,
-    protocol="rest",
-    # The schedule syncs today's window every hour: two hours without a sync means it stopped.
-    freshness_policy=FreshnessPolicy.time_window(
-        fail_window=timedelta(hours=2), warn_window=timedelta(minutes=90)),
-)

@@ -43,14 +43,8 @@ from urllib.parse import parse_qs, unquote
 
 import numpy as np
 
-from mostovik_pipelines.standin.endpoint import (
-    Endpoint,
-    EndpointState,
-    Request,
-    Served,
-)
-from mostovik_pipelines.standin.erp_history import CachedDay, WorkOrderHistory
-from mostovik_pipelines.standin.erp_records import (
+from mostovik_pipelines.sources.erp_work_orders.standin_history import CachedDay, WorkOrderHistory
+from mostovik_pipelines.sources.erp_work_orders.standin_records import (
     DEFAULT_SEED,
     MAX_DAY_RECORDS,
     WorkOrder,
@@ -59,7 +53,12 @@ from mostovik_pipelines.standin.erp_records import (
     parse_date,
     parse_instant,
 )
-from mostovik_pipelines.standin.erp_replies import ErpError, json_text, json_text_reply
+from mostovik_pipelines.sources.erp_work_orders.standin_replies import (
+    ErpError,
+    json_text,
+    json_text_reply,
+)
+from mostovik_pipelines.standin.endpoint import Endpoint, EndpointState, Request, Served
 from mostovik_pipelines.standin.reply import Reply
 
 WORK_ORDERS_PATH = "/api/v1/work-orders"

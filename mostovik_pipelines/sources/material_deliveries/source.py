@@ -7,28 +7,22 @@ what is refused unread), imported by the transform step.
 
 from __future__ import annotations
 
-from dagster import BackfillPolicy
+from dagster import BackfillPolicy, DynamicPartitionsDefinition
 from sqlalchemy import Column, Date, Index, Integer, String
 
 from mostovik_pipelines.etl.inbox_sensor import new_file_versions_sensor
 from mostovik_pipelines.etl.load_target import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.etl.spec import (
-    ExtractRequest,
-    JobType,
-    LoadedPartition,
-    ParsedRows,
-    RawPayload,
-    SourceSpec,
-    TransformRequest,
-)
-from mostovik_pipelines.partitions import material_deliveries_file_versions
+from mostovik_pipelines.etl.spec import JobType, LoadedPartition, SourceSpec
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
 from mostovik_pipelines.settings import data_dir, setting
+from mostovik_pipelines.sources.material_deliveries.parse import MAX_FILE_BYTES, extract, transform
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
 
-MAX_FILE_BYTES = int(setting("MOSTOVIK_INBOX_MAX_FILE_BYTES", str(50 * 1024 * 1024)))
+material_deliveries_file_versions = DynamicPartitionsDefinition(
+    name="material_deliveries_file_versions")
+"""One partition per delivery report file version, ``<name>@<hash>``, added by the sensor."""
 
 material_deliveries = warehouse_table(
     "material_deliveries",
@@ -51,29 +45,8 @@ material_deliveries = warehouse_table(
 )
 
 
-def extract(request: ExtractRequest) -> RawPayload:
-    """The file version's bytes, from the inbox or (re-processing) the archive."""
-    content, modified_at = request.resource.read_version(request.partition_key)
-    name = file_name_of(request.partition_key)
-    return RawPayload(content=content, content_type=_content_type(content), origin=name,
-                      published_at=modified_at)
-
-
-def transform(request: TransformRequest) -> ParsedRows:
-    from mostovik_pipelines.readers.delivery_report import parse_delivery_report  # pandas, Arrow
-
-    return parse_delivery_report(request.content, file_name_of(request.partition_key),
-                                 request.partition_key, MAX_FILE_BYTES)
-
-
 def archive_loaded_file(loaded: LoadedPartition) -> None:
     loaded.resource.archive(loaded.partition_key, loaded.outcome, loaded.run_id)
-
-
-def _content_type(content: bytes) -> str:
-    if content.startswith(b"PK\x03\x04"):
-        return "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
-    return "text/csv"
 
 
 SOURCE = SourceSpec(

@@ -19,13 +19,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from mostovik_pipelines.standin.endpoint import (
-    Endpoint,
-    EndpointState,
-    Request,
-    Served,
-    decoded,
-)
+from mostovik_pipelines.standin.endpoint import Endpoint, EndpointState, Request, Served, decoded
 from mostovik_pipelines.standin.reply import Reply
 
 MOSCOW = ZoneInfo("Europe/Moscow")

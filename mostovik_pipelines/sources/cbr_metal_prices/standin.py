@@ -17,13 +17,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from mostovik_pipelines.standin.endpoint import (
-    Endpoint,
-    EndpointState,
-    Request,
-    Served,
-    decoded,
-)
+from mostovik_pipelines.standin.endpoint import Endpoint, EndpointState, Request, Served, decoded
 from mostovik_pipelines.standin.reply import Reply
 
 MOSCOW = ZoneInfo("Europe/Moscow")

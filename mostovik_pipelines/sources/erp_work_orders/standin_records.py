@@ -1,6 +1,6 @@
 """The ERP's work orders: one version of a record, the seeded days they are generated from (a
 Moscow day at a time, in one vectorised draw from the seed and the day), and the changes the ERP
-accepts to a record, refused as the real one refuses them. :mod:`.erp` describes the contract
+accepts to a record, refused as the real one refuses them. :mod:`.standin` describes the contract
 they model."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mostovik_pipelines.standin.erp_replies import ErpError, json_text
+from mostovik_pipelines.sources.erp_work_orders.standin_replies import ErpError, json_text
 
 DEFAULT_SEED = 1
 MAX_DAY_RECORDS = 999_999  # ids number a day's records in six digits

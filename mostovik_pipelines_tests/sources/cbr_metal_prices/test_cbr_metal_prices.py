@@ -15,7 +15,7 @@ from dagster import AssetKey, DagsterInstance
 from mostovik_pipelines.cli import main
 from mostovik_pipelines.etl.spec import PartitionNotAvailable, TransformRequest
 from mostovik_pipelines.sources.cbr_metal_prices import SOURCE, parse_metal_prices
-from mostovik_pipelines.standin.cbr_metal_prices import CbrMetalsStandin
+from mostovik_pipelines.sources.cbr_metal_prices.standin import CbrMetalsStandin
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import (
