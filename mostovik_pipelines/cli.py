@@ -58,7 +58,7 @@ def db_forget_digests(table: str | None) -> None:
     --disable-triggers, session_replication_role = replica, DDL outside the migrations)."""
     from sqlalchemy import create_engine
 
-    from mostovik_pipelines.etl.load_ledger import forget_digests
+    from mostovik_pipelines.etl.load.ledger import forget_digests
 
     engine = create_engine(resolved_database_url())
     try:

@@ -28,9 +28,9 @@ from dagster._serdes import serialize_value
 from sqlalchemy import Column, Integer, MetaData, String, Table, UniqueConstraint, text
 
 from mostovik_pipelines import cli
-from mostovik_pipelines.etl import loading_sql
+from mostovik_pipelines.etl.load import sql as load_sql
+from mostovik_pipelines.etl.load.partition import load_partition
 from mostovik_pipelines.etl.load_target import LoadMode, LoadTarget
-from mostovik_pipelines.etl.loading import load_partition
 from mostovik_pipelines.etl.quarantine import quarantined_rows, replace_quarantine
 from mostovik_pipelines.etl.retries import OUTAGE_SETTING
 from mostovik_pipelines.etl.spec import RejectedRow
@@ -235,12 +235,12 @@ def test_the_test_postgresql_listens_on_loopback_only(postgres):
 
 def test_sql_builders_take_identifiers_only_and_quote_them():
     """No builder receives a value: every parameter is a dialect, a table or column names, or a
-    keyword-only flag that picks between two fixed texts (``binary``)."""
-    identifier_parameters = {"dialect", "table", "stage", "listed", "natural_key", "data_columns",
+    keyword-only flag that picks between two fixed texts (``if_exists``)."""
+    identifier_parameters = {"dialect", "table", "stage", "natural_key", "data_columns",
                              "columns", "version_column", "partition_column", "table_name",
-                             "text_keys", "kept", "tombstone_column"}
-    builders = [f for name, f in inspect.getmembers(loading_sql, inspect.isfunction)
-                if f.__module__ == loading_sql.__name__ and not name.startswith("_")]
+                             "kept", "tombstone_column"}
+    builders = [f for name, f in inspect.getmembers(load_sql, inspect.isfunction)
+                if f.__module__ == load_sql.__name__ and not name.startswith("_")]
     assert builders
     for builder in builders:
         parameters = inspect.signature(builder).parameters
@@ -253,8 +253,8 @@ def test_sql_builders_take_identifiers_only_and_quote_them():
     from sqlalchemy.dialects import postgresql
 
     dialect = postgresql.dialect()
-    sql = loading_sql.update_changed_rows(dialect, hostile, hostile, ['key" OR 1=1 --'],
-                                          ['key" OR 1=1 --', "va'lue"])
+    sql = load_sql.update_changed_rows(dialect, hostile, hostile, ['key" OR 1=1 --'],
+                                       ['key" OR 1=1 --', "va'lue"])
     assert '"rates""; DROP TABLE x; --"' in sql and '"key"" OR 1=1 --"' in sql
 
 

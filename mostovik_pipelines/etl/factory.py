@@ -20,8 +20,9 @@ Recovery never goes back in time:
   parent stored; they are history, so the first step of the re-execution fetches every
   partition again, except those the original run (or any run it repeats) already loaded;
 * every load records when its payload was fetched, and a load of a payload older than what the
-  partition holds is refused as superseded (:class:`.loading.PartitionSuperseded`);
-* a rejected (quarantined) row keeps what is stored under its key (:class:`.loading.KeptRows`).
+  partition holds is refused as superseded (:class:`.load.partition.PartitionSuperseded`);
+* a rejected (quarantined) row keeps what is stored under its key
+  (:class:`.load.partition.KeptRows`).
 
 A source that has not published a partition yet makes it "not available yet": nothing is
 loaded, the partition stays unmaterialised, and a later run picks it up.

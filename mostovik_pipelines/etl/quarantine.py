@@ -24,7 +24,7 @@ from sqlalchemy import (
     insert,
 )
 
-from mostovik_pipelines.etl.locking import lock_partition
+from mostovik_pipelines.etl.load.lock import lock_partition
 from mostovik_pipelines.etl.spec import RejectedRow
 from mostovik_pipelines.warehouse.schema import metadata
 

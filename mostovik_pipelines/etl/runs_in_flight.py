@@ -1,6 +1,6 @@
-"""The run-status check (layer 2 of :mod:`.locking`): before its work, a run looks in run storage
-for an older run of the same source and partition that is still alive, and waits for it or
-stops.
+"""The run-status check (layer 2 of :mod:`mostovik_pipelines.etl.load.lock`): before its work,
+a run looks in run storage for an older run of the same source and partition that is still
+alive, and waits for it or stops.
 
 Alive means: in progress in run storage and holding its claim (:mod:`.run_claims`), or launched
 so recently that it may not have taken its claim yet (:data:`LAUNCH_GRACE_SECONDS`). A run whose

@@ -79,7 +79,7 @@ from dagster import (
 )
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
-from mostovik_pipelines.etl.locking import partition_lock_keys
+from mostovik_pipelines.etl.load.lock import partition_lock_keys
 from mostovik_pipelines.etl.tags import PARTITION_TAG
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of, version_key
 from mostovik_pipelines.sources import material_deliveries

@@ -72,7 +72,7 @@ from dagster import (
 )
 
 from mostovik_pipelines.definitions import build_code_location
-from mostovik_pipelines.etl.locking import partition_lock_keys
+from mostovik_pipelines.etl.load.lock import partition_lock_keys
 from mostovik_pipelines.etl.resource_keys import LANDING_KEY, WAREHOUSE_KEY, source_resource_key
 from mostovik_pipelines.etl.retries import RetryPolicy
 from mostovik_pipelines.etl.run_claims import hold_run_claim

@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import Column, Date, Integer, MetaData, String, create_engine, select
 from sqlalchemy.engine import make_url
 
-from mostovik_pipelines.etl import loading
+from mostovik_pipelines.etl.load import partition
+from mostovik_pipelines.etl.load.partition import load_partition
 from mostovik_pipelines.etl.load_target import LoadMode, LoadTarget
-from mostovik_pipelines.etl.loading import load_partition
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines_tests.etl.test_loading import DAY, load, rates
@@ -181,25 +181,24 @@ def test_a_clerk_without_rights_on_the_ledger_can_still_edit_and_is_still_notice
 
 
 class PausedLoad:
-    """A load in a thread of its own that stops inside its transaction, after reading the
-    partition back and before writing or recording anything, until released."""
+    """A load in a thread of its own that stops inside its transaction, after staging its rows
+    and before writing the table or recording anything, until released."""
 
     def __init__(self, monkeypatch, load) -> None:
         self.entered, self.release = threading.Event(), threading.Event()
         self.result: dict = {}
-        compare = loading._compare_in_key_order
+        merge = partition._merge_from_stage
 
-        def paused_compare(*args, **kwargs):
-            result = compare(*args, **kwargs)
+        def paused_merge(*args, **kwargs):
             if threading.current_thread() is self.thread:
                 self.entered.set()
                 assert self.release.wait(60)
-            return result
+            return merge(*args, **kwargs)
 
-        monkeypatch.setattr(loading, "_compare_in_key_order", paused_compare)
+        monkeypatch.setattr(partition, "_merge_from_stage", paused_merge)
         self.thread = threading.Thread(target=lambda: self.result.update(counts=load()))
         self.thread.start()
-        assert self.entered.wait(60), "the load never reached its comparison"
+        assert self.entered.wait(60), "the load never reached its merge"
 
     def finish(self):
         self.release.set()

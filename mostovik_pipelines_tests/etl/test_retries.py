@@ -15,7 +15,7 @@ from dagster import (
     EventRecordsFilter,
 )
 
-from mostovik_pipelines.etl.locking import partition_lock_keys
+from mostovik_pipelines.etl.load.lock import partition_lock_keys
 from mostovik_pipelines.etl.retries import RETRY_METADATA_KEY, RetryPolicy
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore

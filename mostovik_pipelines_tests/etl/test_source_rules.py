@@ -19,8 +19,8 @@ from mostovik_pipelines.etl.errors import (
     DataValidationError,
     SourceContractError,
 )
+from mostovik_pipelines.etl.load.partition import load_partition
 from mostovik_pipelines.etl.load_target import KeyHeldElsewhere
-from mostovik_pipelines.etl.loading import load_partition
 from mostovik_pipelines.etl.validation import validate_partition
 from mostovik_pipelines.sources.cbr_metal_prices import SOURCE as METALS
 from mostovik_pipelines.warehouse.schema import warehouse_table

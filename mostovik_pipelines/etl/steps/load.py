@@ -20,8 +20,13 @@ from dagster import (
 from mostovik_pipelines.etl.asset_view import PREVIEW_ROWS, preview
 from mostovik_pipelines.etl.checks import blocks, evaluate_partition
 from mostovik_pipelines.etl.errors import PartitionCheckFailed, classify
+from mostovik_pipelines.etl.load.partition import (
+    KeptRows,
+    LoadCounts,
+    PartitionSuperseded,
+    load_partition,
+)
 from mostovik_pipelines.etl.load_target import LoadMode
-from mostovik_pipelines.etl.loading import KeptRows, LoadCounts, PartitionSuperseded, load_partition
 from mostovik_pipelines.etl.quarantine import replace_quarantine
 from mostovik_pipelines.etl.resource_keys import LANDING_KEY, WAREHOUSE_KEY, source_resource_key
 from mostovik_pipelines.etl.retries import NO_RETRY, StepContext

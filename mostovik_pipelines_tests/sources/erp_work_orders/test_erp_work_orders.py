@@ -136,7 +136,7 @@ def test_an_old_window_re_run_after_newer_ones_never_overwrites_a_newer_version(
 def test_a_tombstone_of_a_record_never_loaded_keeps_an_older_version_from_resurrecting_it(
     warehouse_url
 ):
-    from mostovik_pipelines.etl.loading import load_partition
+    from mostovik_pipelines.etl.load.partition import load_partition
     from mostovik_pipelines.resources.warehouse import warehouse_engine
 
     def version(number: int, deleted: bool, day: str) -> pd.DataFrame:

@@ -2,9 +2,9 @@
 table, the run that last loaded it, how many rows the source delivered, and their digest.
 
 A re-load whose rows hash to the digest recorded by the last load has nothing to do: the rows
-are exactly what that load wrote, so the load returns "all unchanged" without reading the
-partition back. The digest is trusted only where the table can tell when something else wrote
-it, that is on PostgreSQL, and only while the table's guard trigger is there and enabled
+are exactly what that load wrote, so the load returns "all unchanged" without staging them.
+The digest is trusted only where the table can tell when something else wrote it, that is on
+PostgreSQL, and only while the table's guard trigger is there and enabled
 (``warehouse.schema.postgresql_conventions``):
 
 * the trigger forgets a table's digests as soon as anything but the loader writes it. Loads
@@ -17,7 +17,7 @@ it, that is on PostgreSQL, and only while the table's guard trigger is there and
 * a migration forgets them all, in its own transaction (``warehouse/migrations/env.py``);
   ``mostovik db forget-digests`` is for writes no trigger sees.
 
-SQLite records no digest, so every re-load there compares the stored rows.
+SQLite records no digest, so every re-load there goes through the stage.
 """
 
 from __future__ import annotations
@@ -82,9 +82,6 @@ class PostgresqlLoad:
     """The transaction's time: every bookkeeping timestamp of the load."""
     digests_guarded: bool
     """The table's guard trigger is there and enabled: digests may be recorded and trusted."""
-    utf8: bool
-    """The server stores text as UTF-8 (or as the bytes it is given), so ``COLLATE "C"``
-    orders text as Arrow and Python do."""
 
 
 def begin_postgresql_load(connection: Connection, table_name: str, run_id: str, *,
@@ -94,17 +91,16 @@ def begin_postgresql_load(connection: Connection, table_name: str, run_id: str, 
     load that may move rows in from other partitions (no other load of the table is then in
     flight to record a digest of rows it takes away)."""
     lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-    now, guarded, encoding = connection.exec_driver_sql(
+    now, guarded = connection.exec_driver_sql(
         "SELECT set_config(%(run)s, %(run_id)s, true), set_config(%(loading)s, 'on', true), "
         "set_config('client_encoding', 'UTF8', true), "
         f"{lock}({table_writes_lock_key('%(table)s')}), now(), "
         "EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(quote_ident(%(table)s)) "
-        "AND tgname = %(trigger)s AND tgenabled <> 'D'), current_setting('server_encoding')",
+        "AND tgname = %(trigger)s AND tgenabled <> 'D')",
         {"run": RUN_ID_SETTING, "run_id": run_id, "loading": LOADING_SETTING,
          "table": table_name, "trigger": f"{table_name}{GUARD_TRIGGER_SUFFIX}"},
     ).one()[4:]
-    return PostgresqlLoad(now=now, digests_guarded=guarded,
-                          utf8=encoding in ("UTF8", "SQL_ASCII"))
+    return PostgresqlLoad(now=now, digests_guarded=guarded)
 
 
 @dataclass(frozen=True)
@@ -155,7 +151,7 @@ def _utc(value: datetime | None) -> datetime | None:
 
 def forget_digests(connection: Connection, table_name: str | None = None) -> int:
     """Forget the digests of one table's partitions (or of all tables): their next loads
-    compare the stored rows. Returns how many were forgotten."""
+    go through the stage. Returns how many were forgotten."""
     statement = update(partition_loads).values(content_digest=None).where(
         partition_loads.c.content_digest.is_not(None))
     if table_name is not None:

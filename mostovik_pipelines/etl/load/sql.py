@@ -1,8 +1,9 @@
 """SQL of the partition load, one statement per step, named for what it does.
 
-All statements run inside the load transaction of :func:`.loading.load_partition`, against a
-temporary stage table that holds exactly what the source sent for the partition. Identifiers
-come from table definitions in code and are quoted by the dialect; values are always bound.
+All statements run inside the load transaction of :func:`.partition.load_partition` (whose
+docstring says when each runs and why), most against a temporary stage table that holds what
+the source sent for the partition. Identifiers come from table definitions in code and are
+quoted by the dialect; values are always bound.
 """
 
 from __future__ import annotations
@@ -143,48 +144,34 @@ def delete_vanished_rows(
     return statement
 
 
-def delete_listed_rows(
-    dialect: Dialect, table: Table, listed: Table, natural_key: Sequence[str],
-    partition_column: str,
-) -> str:
-    """Delete the partition's rows whose natural keys ``listed`` holds (replace-partition only:
-    the keys were read back from the partition and the source no longer sends them)."""
-    t, k = _q(dialect, table.name), _q(dialect, listed.name)
-    return (
-        f"DELETE FROM {t} USING {k} WHERE {t}.{_q(dialect, partition_column)} = :partition_value "
-        f"AND {_key_match(dialect, t, k, natural_key)}"
-    )
+def partition_holds_rows(dialect: Dialect, table: Table, partition_column: str) -> str:
+    """Whether the partition bound as ``:partition_value`` holds any row."""
+    return (f"SELECT EXISTS (SELECT 1 FROM {_q(dialect, table.name)} "
+            f"WHERE {_q(dialect, partition_column)} = :partition_value)")
 
 
-def set_canonical_output() -> str:
-    """PostgreSQL only, for this transaction: dates print as ISO and floats as the shortest text
-    that reads back exactly, whatever the server's defaults, so read-back values compare."""
-    return (
-        "SELECT set_config('datestyle', 'ISO, YMD', true), "
-        "set_config('extra_float_digits', '1', true)"
-    )
-
-
-def copy_partition_out(
-    dialect: Dialect, table: Table, columns: Sequence[str], partition_column: str,
-    natural_key: Sequence[str], text_keys: Sequence[str],
-) -> str:
-    """PostgreSQL only: the partition's rows as CSV in natural-key order, text keys in byte
-    order (``"C"``, the order Arrow sorts in); ``%s`` is the partition value, bound by the
-    driver (``COPY`` takes no server-side parameters)."""
-    selected = ", ".join(_q(dialect, c) for c in columns)
-    ordered = ", ".join(f'{_q(dialect, k)} COLLATE "C"' if k in text_keys else _q(dialect, k)
-                        for k in natural_key)
-    return (
-        f"COPY (SELECT {selected} FROM {_q(dialect, table.name)} "
-        f"WHERE {_q(dialect, partition_column)} = %s ORDER BY {ordered}) TO STDOUT (FORMAT csv)"
-    )
-
-
-def copy_into(dialect: Dialect, table_name: str, columns: Sequence[str], *,
-              binary: bool = False) -> str:
-    """PostgreSQL only: rows in binary format, or as CSV (an unquoted empty field is NULL,
-    ``""`` the empty string)."""
+def copy_into(dialect: Dialect, table_name: str, columns: Sequence[str]) -> str:
+    """PostgreSQL only: rows as CSV (an unquoted empty field is NULL, ``""`` the empty
+    string)."""
     column_list = ", ".join(_q(dialect, c) for c in columns)
-    form = "binary" if binary else "csv"
-    return f"COPY {_q(dialect, table_name)} ({column_list}) FROM STDIN (FORMAT {form})"
+    return f"COPY {_q(dialect, table_name)} ({column_list}) FROM STDIN (FORMAT csv)"
+
+
+def create_stage(dialect: Dialect, table: Table, stage: Table, columns: Sequence[str]) -> str:
+    """PostgreSQL only: the stage as a temporary table with ``columns`` of ``table``, their
+    exact types and collations copied, so stage and table compare without a collation
+    conflict."""
+    selected = ", ".join(_q(dialect, c) for c in columns)
+    return (f"CREATE TEMPORARY TABLE {_q(dialect, stage.name)} AS SELECT {selected} "
+            f"FROM {_q(dialect, table.name)} WITH NO DATA")
+
+
+def analyze(dialect: Dialect, table_name: str) -> str:
+    """PostgreSQL only: statistics of a filled stage, so the joins against it are planned for
+    its real size (a temporary table has none, and autovacuum never visits it)."""
+    return f"ANALYZE {_q(dialect, table_name)}"
+
+
+def drop_table(dialect: Dialect, table_name: str, *, if_exists: bool = False) -> str:
+    """Drop a stage (which is temporary: this session's own)."""
+    return f"DROP TABLE {'IF EXISTS ' if if_exists else ''}{_q(dialect, table_name)}"

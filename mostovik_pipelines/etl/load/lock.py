@@ -5,7 +5,8 @@ In the ADR's order of preference:
 1. the business lock: the load of a partition holds a lock on (target table, partition) for its
    whole transaction (below);
 2. the run-status check: before extract, a run looks in run storage for an older run of the same
-   source and partition still in progress, and waits for it or stops (:mod:`.runs_in_flight`);
+   source and partition still in progress, and waits for it or stops
+   (:mod:`mostovik_pipelines.etl.runs_in_flight`);
 3. unique constraints on every natural key (the warehouse migrations);
 4. safe re-execution: every load is an idempotent upsert.
 
