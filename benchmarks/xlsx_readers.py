@@ -82,13 +82,13 @@ READERS: dict[str, tuple[tuple[str, ...], Callable[[bytes], Any]]] = {
     "pandas.read_excel openpyxl": (("pandas", "openpyxl"), _pandas("openpyxl")),
     "pandas.read_excel calamine": (("pandas", "python_calamine"), _pandas("calamine")),
     "parse_delivery_report (calamine + parse)": (
-        ("mostovik_pipelines.sources.material_deliveries",), _ours),
+        ("mostovik_pipelines.readers.delivery_report",), _ours),
 }
 PROBE_READERS: dict[str, tuple[tuple[str, ...], Callable[[bytes], Any]]] = {
     "openpyxl data_only=True": (("openpyxl",), _openpyxl),
     "openpyxl default": (("openpyxl",), lambda content: _openpyxl(content, data_only=False)),
     "python-calamine": (("python_calamine",), _calamine),
-    "parse_delivery_report": (("mostovik_pipelines.sources.material_deliveries",), _ours),
+    "parse_delivery_report": (("mostovik_pipelines.readers.delivery_report",), _ours),
 }
 
 
