@@ -101,7 +101,7 @@ def ours(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     from sqlalchemy import create_engine, text
 
     from benchmarks.data import PARTITION_KEY, TARGETS
-    from mostovik_pipelines.etl.load.partition import load_partition
+    from mostovik_pipelines.framework.load.partition import load_partition
 
     frame = _read_frame(args["frame"])
     engine = create_engine(args["url"])

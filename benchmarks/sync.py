@@ -273,7 +273,7 @@ def ours(args: dict[str, Any]):
     from dagster import DagsterEventType, DagsterInstance
 
     from mostovik_pipelines.definitions import build_code_location
-    from mostovik_pipelines.etl.resource_keys import source_resource_key
+    from mostovik_pipelines.framework.assets.resource_keys import source_resource_key
     from mostovik_pipelines.resources import (
         HttpSourceResource,
         LandingStoreResource,

@@ -23,7 +23,7 @@ from mostovik_pipelines.settings import resolved_database_url
 if TYPE_CHECKING:
     from dagster import DagsterInstance, JobDefinition
 
-    from mostovik_pipelines.etl.tracking import Job
+    from mostovik_pipelines.framework.runs.tracking import Job
 
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
@@ -58,7 +58,7 @@ def db_forget_digests(table: str | None) -> None:
     --disable-triggers, session_replication_role = replica, DDL outside the migrations)."""
     from sqlalchemy import create_engine
 
-    from mostovik_pipelines.etl.load.ledger import forget_digests
+    from mostovik_pipelines.framework.load.ledger import forget_digests
 
     engine = create_engine(resolved_database_url())
     try:
@@ -156,7 +156,7 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
-    from mostovik_pipelines.etl.tracking import JobStatus
+    from mostovik_pipelines.framework.runs.tracking import JobStatus
     from mostovik_pipelines.sources import ALL_SOURCES
 
     specs = {spec.name: spec for spec in ALL_SOURCES}
@@ -190,9 +190,9 @@ def run_in_process(instance: DagsterInstance, source_job: JobDefinition,
                    partitions: Sequence[str], tags: Mapping[str, str] | None = None) -> Job:
     """One run of ``source_job`` in this process for ``partitions`` (consecutive keys: more than
     one is a run over their range), and its job view."""
-    from mostovik_pipelines.etl.run_claims import hold_run_claim
-    from mostovik_pipelines.etl.tags import RANGE_END_TAG, RANGE_START_TAG
-    from mostovik_pipelines.etl.tracking import load_job
+    from mostovik_pipelines.framework.runs.claims import hold_run_claim
+    from mostovik_pipelines.framework.runs.tags import RANGE_END_TAG, RANGE_START_TAG
+    from mostovik_pipelines.framework.runs.tracking import load_job
 
     tags = dict(tags or {})
     if len(partitions) > 1:
@@ -231,7 +231,7 @@ def summary_line(partition: str, width: int, status: str, figures: Mapping[str, 
 def summary_lines(job: Job, partitions: Sequence[str], width: int) -> list[str]:
     """A line per partition of ``job``: its figures once loaded (partial: rows were
     quarantined), else skipped with the reason (not available yet), or failed with the error."""
-    from mostovik_pipelines.etl.tracking import JobStatus
+    from mostovik_pipelines.framework.runs.tracking import JobStatus
 
     error = job.errors[0].message if job.errors else ""
     lines = []
@@ -255,7 +255,7 @@ def prune(dry_run: bool) -> None:
     from pathlib import Path
 
     from mostovik_pipelines.definitions import defs
-    from mostovik_pipelines.etl.errors import ConfigurationError
+    from mostovik_pipelines.framework.errors import ConfigurationError
     from mostovik_pipelines.maintenance.prune import prune as prune_stores
     from mostovik_pipelines.settings import landing_dir, storage_dir
 
@@ -311,7 +311,7 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
     """Jobs, newest first."""
     from datetime import UTC
 
-    from mostovik_pipelines.etl.tracking import JobStatus, list_jobs, stuck_jobs
+    from mostovik_pipelines.framework.runs.tracking import JobStatus, list_jobs, stuck_jobs
 
     _known_source(source)
     instance = _instance()
@@ -344,7 +344,7 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
 @click.option("--json", "as_json", is_flag=True)
 def jobs_show(run_id: str, as_json: bool) -> None:
     """Everything about one job: status, figures, attempts, context, errors."""
-    from mostovik_pipelines.etl.tracking import JobNotFound, load_job
+    from mostovik_pipelines.framework.runs.tracking import JobNotFound, load_job
 
     try:
         job = load_job(_instance(), run_id)
@@ -384,8 +384,8 @@ def jobs_show(run_id: str, as_json: bool) -> None:
 def jobs_rerun(run_id: str | None, source: str | None, period: str | None,
                full_resync: bool) -> None:
     """Re-run RUN_ID from its failure, or a fresh run for --source and --period."""
-    from mostovik_pipelines.etl.recovery import rerun_from_failure, rerun_partition
-    from mostovik_pipelines.etl.tracking import JobNotFound, JobStatus, load_job
+    from mostovik_pipelines.framework.runs.recovery import rerun_from_failure, rerun_partition
+    from mostovik_pipelines.framework.runs.tracking import JobNotFound, JobStatus, load_job
     from mostovik_pipelines.sources import ALL_SOURCES
 
     if bool(run_id) == bool(source or period) or bool(source) != bool(period):

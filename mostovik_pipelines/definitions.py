@@ -9,12 +9,16 @@ from typing import Any
 
 from dagster import Definitions
 
-from mostovik_pipelines.etl.alerts import ALERT_NOTIFIER_KEY, alert_sensors
-from mostovik_pipelines.etl.checks import check_specs
-from mostovik_pipelines.etl.factory import build_source_definitions
-from mostovik_pipelines.etl.resource_keys import LANDING_KEY, WAREHOUSE_KEY, source_resource_key
-from mostovik_pipelines.etl.spec import SourceSpec
 from mostovik_pipelines.execution import executor_from_environment
+from mostovik_pipelines.framework.assets.factory import build_source_definitions
+from mostovik_pipelines.framework.assets.resource_keys import (
+    LANDING_KEY,
+    WAREHOUSE_KEY,
+    source_resource_key,
+)
+from mostovik_pipelines.framework.quality.checks import check_specs
+from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY, alert_sensors
+from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.maintenance.job import maintenance_definitions
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.notifier import AlertNotifierResource

@@ -46,7 +46,7 @@ from mostovik_pipelines.settings import resolved_database_url
 if TYPE_CHECKING:
     from dagster import DagsterInstance, Definitions
 
-    from mostovik_pipelines.etl.spec import SourceSpec
+    from mostovik_pipelines.framework.spec import SourceSpec
 
 SAMPLE_FILES = Path(__file__).parent / "demo_inbox"
 """``<source>/<file>``: the files the demo drops into each file source's inbox."""
@@ -73,8 +73,8 @@ def run_every_source(days: int, sync_days: int) -> int:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
-    from mostovik_pipelines.etl.spec import JobType
-    from mostovik_pipelines.etl.tracking import JobStatus
+    from mostovik_pipelines.framework.runs.tracking import JobStatus
+    from mostovik_pipelines.framework.spec import JobType
     from mostovik_pipelines.sources import ALL_SOURCES
     from mostovik_pipelines.warehouse import migrate
 
@@ -101,9 +101,9 @@ def _run_sample_files(spec: SourceSpec, defs: Definitions, instance: DagsterInst
     requests as the daemon would; whether one failed."""
     from dagster import DagsterRun, RunsFilter, build_sensor_context
 
-    from mostovik_pipelines.dagster_compat import RUN_KEY_TAG
-    from mostovik_pipelines.etl.resource_keys import source_resource_key
-    from mostovik_pipelines.etl.tracking import JobStatus, load_job
+    from mostovik_pipelines.framework.assets.resource_keys import source_resource_key
+    from mostovik_pipelines.framework.dagster_compat import RUN_KEY_TAG
+    from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
 
     source_job = defs.resolve_job_def(f"{spec.name}_job")
     sensor = next(s for s in defs.sensors if s.has_jobs and s.job_name == source_job.name)

@@ -38,7 +38,7 @@ from dagster import (
     multiprocess_executor,
 )
 
-from mostovik_pipelines.etl.errors import broker_unreachable
+from mostovik_pipelines.framework.errors import broker_unreachable
 from mostovik_pipelines.settings import EXECUTOR_ENV
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
@@ -70,8 +70,8 @@ def executor_from_environment() -> ExecutorDefinition:
 
 def holding_run_claim(definition: ExecutorDefinition) -> ExecutorDefinition:
     """The same executor, whose orchestrating process holds the run's claim from its first step
-    to its last (:mod:`mostovik_pipelines.etl.run_claims`): a run is alive exactly as long as the
-    process driving it, whatever executes its steps and wherever."""
+    to its last (:mod:`mostovik_pipelines.framework.runs.claims`): a run is alive exactly as long
+    as the process driving it, whatever executes its steps and wherever."""
     create = definition.executor_creation_fn
     assert create is not None
     return ExecutorDefinition(
@@ -101,7 +101,7 @@ class _ClaimHoldingExecutor(Executor):
         return self.inner.step_dependency_config
 
     def execute(self, plan_context, execution_plan):
-        from mostovik_pipelines.etl.run_claims import hold_run_claim
+        from mostovik_pipelines.framework.runs.claims import hold_run_claim
 
         with hold_run_claim(plan_context.instance, plan_context.run_id):
             yield from self.inner.execute(plan_context, execution_plan)
@@ -161,7 +161,7 @@ def current_celery_task_id() -> str | None:
 
 
 def _watched_celery_executor() -> ExecutorDefinition:
-    from mostovik_pipelines.dagster_compat import RetryMode, celery_executor_internals
+    from mostovik_pipelines.framework.dagster_compat import RetryMode, celery_executor_internals
 
     CELERY_CONFIG, CeleryExecutor, submit_task, core_celery_execution_loop = (
         celery_executor_internals())
@@ -218,7 +218,7 @@ def _watched_celery_executor() -> ExecutorDefinition:
 
 
 def _engine_event_data(metadata: Mapping[str, str]):
-    from mostovik_pipelines.dagster_compat import EngineEventData
+    from mostovik_pipelines.framework.dagster_compat import EngineEventData
 
     return EngineEventData(dict(metadata))
 

@@ -25,8 +25,8 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 from dagster._core.events import RunFailureReason
 from dagster._serdes import serialize_value
 
-from mostovik_pipelines.etl.load.lock import partition_lock_keys
 from mostovik_pipelines.execution import OUTAGE_ENV, current_celery_task_id
+from mostovik_pipelines.framework.load.lock import partition_lock_keys
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB

@@ -12,8 +12,8 @@ import time
 import psycopg
 import pytest
 
-from mostovik_pipelines.etl.quarantine import replace_quarantine
-from mostovik_pipelines.etl.spec import RejectedRow
+from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
+from mostovik_pipelines.framework.spec import RejectedRow
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.standin import StandinClient
 from mostovik_pipelines_tests.chaos import run_chaos

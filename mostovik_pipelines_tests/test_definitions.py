@@ -77,7 +77,7 @@ def test_the_workspace_file_loads_the_code_location_as_dagster_dev_does():
 
 
 def test_every_source_asset_reads_well_in_the_asset_graph():
-    from mostovik_pipelines.etl.checks import partition_checks
+    from mostovik_pipelines.framework.quality.checks import partition_checks
     from mostovik_pipelines.sources import ALL_SOURCES
 
     for spec in ALL_SOURCES:

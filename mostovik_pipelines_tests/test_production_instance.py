@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.etl.run_claims import RETAKE_GRACE_SECONDS
+from mostovik_pipelines.framework.runs.claims import RETAKE_GRACE_SECONDS
 from mostovik_pipelines.instance_storage import _ping_on_checkout, storage_engine
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, backend_waiting_on_a_lock

@@ -13,8 +13,8 @@ import pytest
 from dagster import AssetsDefinition, Definitions, asset, define_asset_job
 
 from mostovik_pipelines.definitions import build_code_location, default_resources, defs
-from mostovik_pipelines.etl.factory import build_source_definitions
-from mostovik_pipelines.etl.retries import NO_RETRY
+from mostovik_pipelines.framework.assets.factory import build_source_definitions
+from mostovik_pipelines.framework.steps.retries import NO_RETRY
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin.endpoint import discover_endpoints
 from mostovik_pipelines.warehouse.freeze import VERSIONS_DIR
@@ -93,7 +93,7 @@ def test_a_source_without_its_asset_checks_is_named(example):
                            partitions_def=example.partitions_def)
     found = problems_of(example, definitions=location(example, [unchecked], [job]))
     assert f"asset {EXAMPLE} lacks the checks ['natural_key_unique'" in found
-    assert "etl/checks.py" in found
+    assert "framework/quality/checks.py" in found
 
 
 def test_a_source_without_retries_is_named(example):

@@ -31,8 +31,8 @@ from dagster._core.events import StepMaterializationData
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 
 from mostovik_pipelines.definitions import defs
-from mostovik_pipelines.etl.checks import partition_checks
-from mostovik_pipelines.etl.spec import TransformRequest
+from mostovik_pipelines.framework.quality.checks import partition_checks
+from mostovik_pipelines.framework.spec import TransformRequest
 from mostovik_pipelines.maintenance.job import PRUNE_JOB, PRUNE_SCHEDULE
 from mostovik_pipelines.maintenance.policy import RetentionPolicy
 from mostovik_pipelines.maintenance.prune import prune

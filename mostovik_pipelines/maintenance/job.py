@@ -15,7 +15,7 @@ from dagster import (
     op,
 )
 
-from mostovik_pipelines.etl.resource_keys import LANDING_KEY
+from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
 
 PRUNE_JOB = "prune_storage_job"
 PRUNE_SCHEDULE = "prune_storage_daily"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from mostovik_pipelines.etl.errors import ConfigurationError
+from mostovik_pipelines.framework.errors import ConfigurationError
 from mostovik_pipelines.settings import (
     KEEP_FAILED_RUN_OUTPUTS_ENV,
     KEEP_LANDED_ENV,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dagster import ConfigurableResource
 
-from mostovik_pipelines.etl.errors import DataValidationError, PermanentError
+from mostovik_pipelines.framework.errors import DataValidationError, PermanentError
 
 VERSION_SEPARATOR = "@"
 HASH_CHARACTERS = 12

@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 from dagster import ConfigurableResource
 
-from mostovik_pipelines.etl.errors import PermanentError
+from mostovik_pipelines.framework.errors import PermanentError
 
 
 @dataclass(frozen=True)

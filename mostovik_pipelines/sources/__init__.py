@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from mostovik_pipelines.etl.spec import SourceSpec
+from mostovik_pipelines.framework.spec import SourceSpec
 
 
 def discover_sources() -> tuple[SourceSpec, ...]:

@@ -123,7 +123,7 @@ GUARD_TRIGGER_SUFFIX = "_written_outside_loader"
 def table_writes_lock_key(name_sql: str) -> str:
     """SQL for the advisory lock key (bigint) that orders a table's loads against writes from
     outside the loader: loads hold it shared, the trigger exclusively (see
-    :mod:`mostovik_pipelines.etl.load.ledger`). ``name_sql`` is SQL for the table's name."""
+    :mod:`mostovik_pipelines.framework.load.ledger`). ``name_sql`` is SQL for the table's name."""
     return f"('x' || substr(md5('mostovik table writes: ' || {name_sql}), 1, 16))::bit(64)::bigint"
 
 

@@ -50,16 +50,21 @@ from dagster import (
 from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
 
 from mostovik_pipelines import definitions
-from mostovik_pipelines.etl.recovery import (
+from mostovik_pipelines.framework.runs.claims import hold_run_claim
+from mostovik_pipelines.framework.runs.in_flight import LAUNCH_GRACE_SECONDS
+from mostovik_pipelines.framework.runs.recovery import (
     CODE_LOCATION_ATTRIBUTE,
     CODE_LOCATION_MODULE,
     PROCESS_TAG_PREFIXES,
     rerun_from_failure,
 )
-from mostovik_pipelines.etl.run_claims import hold_run_claim
-from mostovik_pipelines.etl.runs_in_flight import LAUNCH_GRACE_SECONDS
-from mostovik_pipelines.etl.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
-from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG, STATUS_TAG
+from mostovik_pipelines.framework.runs.tags import (
+    PARTITION_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    STATUS_TAG,
+)
+from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer

@@ -42,7 +42,7 @@ import httpx
 from dagster import DagsterEventType, DagsterInstance, RunsFilter
 
 from mostovik_pipelines import definitions
-from mostovik_pipelines.etl.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
 from mostovik_pipelines_tests.chaos.scenarios import (
     CODES,

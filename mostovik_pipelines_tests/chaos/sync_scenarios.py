@@ -72,12 +72,16 @@ from dagster import (
 )
 
 from mostovik_pipelines.definitions import build_code_location
-from mostovik_pipelines.etl.load.lock import partition_lock_keys
-from mostovik_pipelines.etl.resource_keys import LANDING_KEY, WAREHOUSE_KEY, source_resource_key
-from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.etl.run_claims import hold_run_claim
-from mostovik_pipelines.etl.spec import SourceSpec
-from mostovik_pipelines.etl.tags import PARTITION_TAG
+from mostovik_pipelines.framework.assets.resource_keys import (
+    LANDING_KEY,
+    WAREHOUSE_KEY,
+    source_resource_key,
+)
+from mostovik_pipelines.framework.load.lock import partition_lock_keys
+from mostovik_pipelines.framework.runs.claims import hold_run_claim
+from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
+from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.sources import erp_work_orders

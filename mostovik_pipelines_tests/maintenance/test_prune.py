@@ -19,7 +19,7 @@ from dagster import (
     DagsterRunStatus,
 )
 
-from mostovik_pipelines.etl.tracking import list_jobs
+from mostovik_pipelines.framework.runs.tracking import list_jobs
 from mostovik_pipelines.maintenance.policy import LANDING, OP_OUTPUTS, RUNS, RetentionPolicy
 from mostovik_pipelines.maintenance.prune import plan_prune, prune
 from mostovik_pipelines.resources import LandingStoreResource

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from mostovik_pipelines.etl.retries import OUTAGE_SETTING
-from mostovik_pipelines.etl.tracking import load_job
+from mostovik_pipelines.framework.runs.tracking import load_job
+from mostovik_pipelines.framework.steps.retries import OUTAGE_SETTING
 from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV, RETENTION_GRACE_ENV
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import run_environment, start_job_execute

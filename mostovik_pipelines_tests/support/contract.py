@@ -18,10 +18,10 @@ from dagster import AssetKey, Definitions, GraphDefinition
 from sqlalchemy import String
 from sqlalchemy.dialects import postgresql
 
-from mostovik_pipelines.etl.checks import partition_checks
-from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.etl.spec import ConcurrentRunPolicy, SourceSpec
-from mostovik_pipelines.etl.tags import JOB_TYPE_TAG, SOURCE_TAG
+from mostovik_pipelines.framework.quality.checks import partition_checks
+from mostovik_pipelines.framework.runs.tags import JOB_TYPE_TAG, SOURCE_TAG
+from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
+from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.standin.endpoint import Endpoint, discover_endpoints
 from mostovik_pipelines.warehouse.freeze import VERSIONS_DIR
@@ -121,7 +121,7 @@ def _job_problems(spec: SourceSpec, definitions: Definitions, module: str) -> li
         missing = {k: v for k, v in wanted.items() if job.tags.get(k) != v}
         if missing:
             problems.append(f"{job_name} lacks the tracker tags {missing}: the jobs list and the "
-                            "run queue go by them; build the job with etl/factory.py")
+                            "run queue go by them; build the job with framework/assets/factory.py")
     targets = [s.name for s in repository.schedule_defs if s.job_name == job_name] + [
         s.name for s in repository.sensor_defs
         if s.has_jobs and job_name in {t.job_name for t in s.targets}]
@@ -135,8 +135,8 @@ def _job_problems(spec: SourceSpec, definitions: Definitions, module: str) -> li
     missing_checks = [check for check in wanted_checks if check not in have]
     if missing_checks:
         problems.append(f"asset {spec.name} lacks the checks {missing_checks}: every source's "
-                        "asset carries the framework's checks (etl/checks.py, declared by "
-                        "etl/factory.py) and its own SourceSpec.checks")
+                        "asset carries the framework's checks (framework/quality/checks.py, "
+                        "declared by framework/assets/factory.py) and its own SourceSpec.checks")
     if not isinstance(spec.on_concurrent_run, ConcurrentRunPolicy):
         problems.append(f"on_concurrent_run is {spec.on_concurrent_run!r}: declare "
                         "ConcurrentRunPolicy.WAIT (a duplicate runs after the older run) or "
@@ -158,7 +158,7 @@ def _retry_problems(spec: SourceSpec, definitions: Definitions, module: str) -> 
         job = repository.get_job(f"{spec.name}_job")
         problems += [
             f"op {op_name} has a Dagster RetryPolicy: it would retry failures unclassified; "
-            "retries go through etl/retries.py only"
+            "retries go through framework/steps/retries.py only"
             for op_name in _ops_with_dagster_retries(job.graph, job.op_retry_policy)]
     return problems
 

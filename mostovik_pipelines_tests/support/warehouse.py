@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, MetaData, Table, UniqueConstraint, create_engine, select, text
 
 import mostovik_pipelines.sources  # noqa: F401 - registers the tables
-from mostovik_pipelines.etl.quarantine import quarantined_rows
+from mostovik_pipelines.framework.quality.quarantine import quarantined_rows
 from mostovik_pipelines.warehouse.schema import metadata
 
 

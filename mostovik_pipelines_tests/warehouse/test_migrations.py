@@ -56,7 +56,7 @@ def test_a_migration_makes_every_next_load_compare_the_stored_rows(warehouse_url
     are forgotten by any upgrade or downgrade that changes the schema's revision."""
     from datetime import UTC, datetime
 
-    from mostovik_pipelines.etl.load.ledger import record_load
+    from mostovik_pipelines.framework.load.ledger import record_load
 
     engine = create_engine(warehouse_url)
     with engine.begin() as connection:

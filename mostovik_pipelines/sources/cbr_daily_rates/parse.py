@@ -11,8 +11,9 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
-from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
-from mostovik_pipelines.etl.spec import (
+from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.framework.readers.xml import parse_xml
+from mostovik_pipelines.framework.spec import (
     ExtractRequest,
     ParsedRows,
     PartitionNotAvailable,
@@ -20,7 +21,6 @@ from mostovik_pipelines.etl.spec import (
     RejectedRow,
     TransformRequest,
 )
-from mostovik_pipelines.readers.xml import parse_xml
 
 MOSCOW = ZoneInfo("Europe/Moscow")
 REQUIRED_FIELDS = ("NumCode", "CharCode", "Nominal", "Name", "Value")

@@ -10,8 +10,9 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
-from mostovik_pipelines.etl.errors import DataValidationError, SourceContractError
-from mostovik_pipelines.etl.spec import (
+from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.framework.readers.xml import parse_xml
+from mostovik_pipelines.framework.spec import (
     ExtractRequest,
     ParsedRows,
     PartitionNotAvailable,
@@ -19,7 +20,6 @@ from mostovik_pipelines.etl.spec import (
     RejectedRow,
     TransformRequest,
 )
-from mostovik_pipelines.readers.xml import parse_xml
 
 MOSCOW = ZoneInfo("Europe/Moscow")
 METALS = {1: "gold", 2: "silver", 3: "platinum", 4: "palladium"}

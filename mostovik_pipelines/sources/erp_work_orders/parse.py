@@ -12,12 +12,12 @@ from zoneinfo import ZoneInfo
 
 import orjson
 
-from mostovik_pipelines.etl.errors import (
+from mostovik_pipelines.framework.errors import (
     PageCursorExpired,
     SourceContractError,
     SourceRequestRejected,
 )
-from mostovik_pipelines.etl.spec import (
+from mostovik_pipelines.framework.spec import (
     ExtractRequest,
     PageCursor,
     ParsedRows,

@@ -1,11 +1,16 @@
 """A delivery report file version as received: its bytes from the inbox (or the archive), and
-the report read by :mod:`mostovik_pipelines.readers.delivery_report` (its format, and what is
-refused unread), imported by the transform step only: it needs pandas and Arrow.
+the report read by :mod:`mostovik_pipelines.framework.readers.delivery_report` (its format,
+and what is refused unread), imported by the transform step only: it needs pandas and Arrow.
 """
 
 from __future__ import annotations
 
-from mostovik_pipelines.etl.spec import ExtractRequest, ParsedRows, RawPayload, TransformRequest
+from mostovik_pipelines.framework.spec import (
+    ExtractRequest,
+    ParsedRows,
+    RawPayload,
+    TransformRequest,
+)
 from mostovik_pipelines.resources.inbox import file_name_of
 from mostovik_pipelines.settings import setting
 
@@ -21,7 +26,9 @@ def extract(request: ExtractRequest) -> RawPayload:
 
 
 def transform(request: TransformRequest) -> ParsedRows:
-    from mostovik_pipelines.readers.delivery_report import parse_delivery_report  # pandas, Arrow
+    from mostovik_pipelines.framework.readers.delivery_report import (
+        parse_delivery_report,  # pandas, Arrow
+    )
 
     return parse_delivery_report(request.content, file_name_of(request.partition_key),
                                  request.partition_key, MAX_FILE_BYTES)

@@ -1,8 +1,8 @@
 """Material delivery reports from construction sites (a file job): what each site received, one
 row per waybill line, keyed by waybill number and line number.
 
-The reports are read by :mod:`mostovik_pipelines.readers.delivery_report` (their format, and
-what is refused unread), imported by the transform step.
+The reports are read by :mod:`mostovik_pipelines.framework.readers.delivery_report` (their
+format, and what is refused unread), imported by the transform step.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dagster import BackfillPolicy, DynamicPartitionsDefinition
 from sqlalchemy import Column, Date, Index, Integer, String
 
-from mostovik_pipelines.etl.inbox_sensor import new_file_versions_sensor
-from mostovik_pipelines.etl.load_target import KeyHeldElsewhere, LoadMode
-from mostovik_pipelines.etl.retries import RetryPolicy
-from mostovik_pipelines.etl.spec import JobType, LoadedPartition, SourceSpec
+from mostovik_pipelines.framework.assets.inbox_sensor import new_file_versions_sensor
+from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.framework.spec import JobType, LoadedPartition, SourceSpec
+from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
 from mostovik_pipelines.settings import data_dir, setting
 from mostovik_pipelines.sources.material_deliveries.parse import MAX_FILE_BYTES, extract, transform

@@ -13,7 +13,7 @@ PARTITION_LOADS = "partition_loads"
 FORGET_DIGESTS = text(
     f"UPDATE {PARTITION_LOADS} SET content_digest = NULL WHERE content_digest IS NOT NULL")
 """A migration may have changed stored values without the loader: no partition's digest
-describes its rows for sure any more (mostovik_pipelines.etl.load.ledger), so every next load
+describes its rows for sure any more (mostovik_pipelines.framework.load.ledger), so every next load
 compares the stored rows."""
 
 database_url = context.config.attributes["database_url"]

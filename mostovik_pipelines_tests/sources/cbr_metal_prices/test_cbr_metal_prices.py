@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from dagster import AssetKey, DagsterInstance
 
 from mostovik_pipelines.cli import main
-from mostovik_pipelines.etl.spec import PartitionNotAvailable, TransformRequest
+from mostovik_pipelines.framework.spec import PartitionNotAvailable, TransformRequest
 from mostovik_pipelines.sources.cbr_metal_prices import SOURCE, parse_metal_prices
 from mostovik_pipelines.sources.cbr_metal_prices.standin import CbrMetalsStandin
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
-from mostovik_pipelines.etl.retries import RETRY_METADATA_KEY
-from mostovik_pipelines.etl.tracking import load_job
+from mostovik_pipelines.framework.runs.tracking import load_job
+from mostovik_pipelines.framework.steps.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines.warehouse import migrate
@@ -136,7 +136,7 @@ def test_an_old_window_re_run_after_newer_ones_never_overwrites_a_newer_version(
 def test_a_tombstone_of_a_record_never_loaded_keeps_an_older_version_from_resurrecting_it(
     warehouse_url
 ):
-    from mostovik_pipelines.etl.load.partition import load_partition
+    from mostovik_pipelines.framework.load.partition import load_partition
     from mostovik_pipelines.resources.warehouse import warehouse_engine
 
     def version(number: int, deleted: bool, day: str) -> pd.DataFrame:

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines import cli
-from mostovik_pipelines.etl.tags import STATUS_TAG
-from mostovik_pipelines.readers import csv_export, delivery_report
+from mostovik_pipelines.framework.readers import csv_export, delivery_report
+from mostovik_pipelines.framework.runs.tags import STATUS_TAG
 from mostovik_pipelines.sources import material_deliveries
 from mostovik_pipelines_tests.support import delivery_reports as reports
 from mostovik_pipelines_tests.support.delivery_reports import TITLE_ROWS, Layout

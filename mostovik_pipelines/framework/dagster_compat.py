@@ -1,0 +1,49 @@
+"""Every private Dagster and dagster-celery name the project uses, in one place.
+
+Dagster 1.13 has no public API for these; each is pinned by
+``framework/test_dagster_compat.py`` (its existence and the behaviour we rely on), so an upgrade
+that moves or changes one fails there, named, not somewhere in a run. The tests' own daemon
+wrapper is the one other private use (``mostovik_pipelines_tests/support/dagster_daemon.py``,
+pinned by ``test_dagster_daemon.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.definitions.freshness import (
+    CronFreshnessPolicy,
+    FreshnessState,
+    TimeWindowFreshnessPolicy,
+)
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+from dagster._core.events import EngineEventData
+from dagster._core.execution.retries import RetryMode
+from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
+from dagster._core.storage.tags import RUN_KEY_TAG
+
+__all__ = [
+    "RUN_KEY_TAG",
+    "AssetCheckEvaluationTargetMaterializationData",
+    "CronFreshnessPolicy",
+    "EngineEventData",
+    "FreshnessState",
+    "PickledObjectFilesystemIOManager",
+    "ReconstructableRepository",
+    "RetryMode",
+    "TimeWindowFreshnessPolicy",
+    "celery_executor_internals",
+]
+
+
+def celery_executor_internals() -> tuple[Any, Any, Any, Any]:
+    """dagster-celery's executor config schema, executor class, step submission and execution
+    loop (imported here, when the Celery executor is built: they import Celery)."""
+    from dagster_celery.core_execution_loop import core_celery_execution_loop
+    from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
+    from dagster_celery.executor import _submit_task as submit_task
+
+    return CELERY_CONFIG, CeleryExecutor, submit_task, core_celery_execution_loop

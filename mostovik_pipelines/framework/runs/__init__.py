@@ -1,0 +1,1 @@
+"""Runs as business jobs: claims, the in-flight check, tags, the job view, recovery and alerts."""

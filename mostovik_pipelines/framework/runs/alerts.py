@@ -1,0 +1,175 @@
+"""Alerts, one per failed job and one per source gone stale, through the configurable notifier
+(:mod:`mostovik_pipelines.resources.notifier`: a log line, and a webhook when one is set).
+
+* ``run_failure_alerts``: a run-failure sensor, running by default, watching every job of this
+  code location, the implicit asset job of UI asset backfills included (Dagster matches runs
+  launched through the location: the UI, schedules, sensors, backfills, re-executions; a run of
+  ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
+  alert, built from the job view of :mod:`.tracking` (source, period, the classified error),
+  unless the daemon's run retries will run it again (its retry alerts if it fails too); a run
+  that died without writing its final ``mostovik/status`` (it still says ``running``, or the
+  status its parent ended with) gets ``failed``, so the UI's run list filters it with the
+  others. ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert:
+  someone chose it).
+* ``freshness_alerts``: the daemon evaluates every source's ``FreshnessPolicy`` and records each
+  change of state; this sensor alerts once each time a source turns FAIL (stale) and again only
+  after it has been fresh in between.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from dagster import (
+    AssetKey,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    FreshnessPolicy,
+    RunFailureSensorContext,
+    RunStatusSensorContext,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SkipReason,
+    run_failure_sensor,
+    run_status_sensor,
+    sensor,
+)
+
+from mostovik_pipelines.framework.dagster_compat import (
+    CronFreshnessPolicy,
+    FreshnessState,
+    TimeWindowFreshnessPolicy,
+)
+from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
+from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
+from mostovik_pipelines.settings import setting
+
+ALERT_NOTIFIER_KEY = "alert_notifier"
+ALERT_INTERVAL_SECONDS = int(setting("MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS", "15"))
+"""Seconds between two looks for failed or cancelled runs and overdue assets."""
+WILL_RETRY_TAG = "dagster/will_retry"
+"""Set by Dagster on a failed run: whether the daemon's run retries will run it again."""
+
+
+def alert_sensors(sources: Sequence[SourceSpec]) -> list[SensorDefinition]:
+    return [_run_failure_alerts(sources), _freshness_alerts(sources), _cancelled_runs_status()]
+
+
+def _cancelled_runs_status() -> SensorDefinition:
+    @run_status_sensor(
+        name="cancelled_runs_status",
+        description="A cancelled run of this code location is a failed job: its mostovik/status "
+                    "tag says so in the run list (no alert: an operator chose it).",
+        run_status=DagsterRunStatus.CANCELED,
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=ALERT_INTERVAL_SECONDS,
+        monitor_all_code_locations=False,
+    )
+    def cancelled_runs_status(context: RunStatusSensorContext) -> None:
+        run = context.dagster_run
+        if run.tags.get(STATUS_TAG) not in (None, JobStatus.FAILED.value):
+            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+
+    return cancelled_runs_status
+
+
+def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
+    @run_failure_sensor(
+        name="run_failure_alerts",
+        description="One alert per failed run of any job of this code location (UI asset "
+                    "backfills included), through the alert notifier.",
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=ALERT_INTERVAL_SECONDS,
+        monitor_all_code_locations=False,
+    )
+    def run_failure_alerts(context: RunFailureSensorContext,
+                           alert_notifier: AlertNotifierResource) -> None:
+        run = context.dagster_run
+        if run.tags.get(WILL_RETRY_TAG) == "true":
+            # The daemon runs it again (a lost worker): the job has not failed yet. Its retry,
+            # a run of its own, alerts if it fails too.
+            context.log.info(f"run {run.run_id} failed and will be retried: no alert yet")
+            return
+        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
+            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+        job = load_job(context.instance, run.run_id, sources)
+        error = job.errors[0] if job.errors else None
+        alert_notifier.notify(Alert(
+            kind="run_failure", source=job.source, period=job.period,
+            job_status=JobStatus.FAILED.value,
+            error_class=error.error_class if error else "unclassified",
+            error_kind=error.kind if error else None,
+            message=(error.message if error else context.failure_event.message) or "",
+            link=alert_notifier.run_link(run.run_id), run_id=run.run_id,
+        ), context.log)
+
+    return run_failure_alerts
+
+
+def _freshness_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
+    watched = {spec.name: spec for spec in sources if spec.freshness_policy is not None}
+
+    @sensor(
+        name="freshness_alerts",
+        description="One alert each time a source's freshness policy fails (its data is "
+                    "stale), as the daemon evaluates it.",
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=ALERT_INTERVAL_SECONDS,
+    )
+    def freshness_alerts(context: SensorEvaluationContext,
+                         alert_notifier: AlertNotifierResource) -> SkipReason:
+        if not watched:
+            return SkipReason("no source has a freshness policy")
+        # The cursor: per source, the time of the state change it last alerted on.
+        alerted: dict[str, float] = json.loads(context.cursor) if context.cursor else {}
+        records = context.instance.get_freshness_state_records(
+            [AssetKey(name) for name in watched])
+        sent = []
+        for key, record in records.items():
+            name = key.to_user_string()
+            changed_at = record.updated_at.timestamp()
+            if record.freshness_state is not FreshnessState.FAIL or (
+                    alerted.get(name, 0.0) >= changed_at):
+                continue
+            spec = watched[name]
+            alert_notifier.notify(Alert(
+                kind="freshness", source=name, period=_newest_period(spec),
+                job_status="stale", error_class="freshness", error_kind="stale",
+                message=_stale_message(context, spec),
+                link=alert_notifier.asset_link(name),
+            ), context.log)
+            alerted[name] = changed_at
+            sent.append(name)
+        context.update_cursor(json.dumps(alerted, sort_keys=True))
+        return SkipReason(f"stale: {', '.join(sent)}" if sent else "no source turned stale")
+
+    return freshness_alerts
+
+
+def _newest_period(spec: SourceSpec) -> str | None:
+    """The newest partition the source has: the period that should be loaded by now."""
+    try:
+        return spec.partitions_def.get_last_partition_key()
+    except Exception:  # dynamic partitions (files) need an instance; they have no due period
+        return None
+
+
+def _stale_message(context: SensorEvaluationContext, spec: SourceSpec) -> str:
+    event = context.instance.get_latest_materialization_event(AssetKey(spec.name))
+    last = (datetime.fromtimestamp(event.timestamp, UTC).isoformat(timespec="seconds")
+            if event else "never")
+    return (f"{spec.name} is stale: {describe_policy(spec.freshness_policy)}; "
+            f"last loaded {last}")
+
+
+def describe_policy(policy: FreshnessPolicy | None) -> str:
+    if isinstance(policy, CronFreshnessPolicy):
+        return (f"due by each tick of '{policy.deadline_cron}' ({policy.timezone}), loaded at "
+                f"most {policy.lower_bound_delta} before it")
+    if isinstance(policy, TimeWindowFreshnessPolicy):
+        return f"due within {policy.fail_window.to_timedelta()} of its last load"
+    return "no freshness policy"

@@ -1,0 +1,33 @@
+"""The run tags that make a Dagster run a business job of ADR-016: what operators filter the
+UI's run list by (source, job kind, period, status), and nothing else."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mostovik_pipelines.framework.spec import SourceSpec
+
+TAG_PREFIX = "mostovik/"
+SOURCE_TAG = f"{TAG_PREFIX}source"
+JOB_TYPE_TAG = f"{TAG_PREFIX}job_type"
+PARTITION_TAG = "dagster/partition"
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+
+# A step's host, process, executor and Celery task are no tags: each step reports them in an
+# engine event (see tracking.record_step), so the run list shows only what operators filter by.
+
+# Written by the run itself as it ends (see tracking.job_status_of), or for a run that died
+# without a word, by the job status sensor once run storage marks it failed:
+STATUS_TAG = f"{TAG_PREFIX}status"
+"""The ADR-016 status of a finished job: completed, partial or failed."""
+
+# Written by `mostovik jobs rerun`:
+LAUNCHED_BY_TAG = f"{TAG_PREFIX}launched_by"
+RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"
+
+
+def business_tags(spec: SourceSpec) -> dict[str, str]:
+    """Tags every run of the source's job carries: its job type and its source."""
+    return {JOB_TYPE_TAG: spec.job_type.value, SOURCE_TAG: spec.name}

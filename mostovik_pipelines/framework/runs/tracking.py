@@ -1,0 +1,450 @@
+"""The business job view over Dagster run storage (ADR-016): every run of a source is a job.
+
+Run storage stays the one source of truth; this module only reads it (and, as a run's steps
+start, records the facts run storage would not otherwise hold) and names what it finds in the
+ADR's terms:
+
+* type, source and period (partition, or a range of them) come from run tags, what operators
+  filter the UI's run list by; a run launched without the source's tags (a UI asset backfill)
+  gets them from its first step, so filtering by ``mostovik/source`` in the UI finds every run;
+* the execution context of each step (host, process, executor, Celery task) is an engine event
+  of the step, read where it is read: on the run page, and by ``mostovik jobs show``;
+* status and result derive from the run's status and never contradict it; ``partial`` is a
+  successful run that did not take everything in: rows quarantined, or partitions of its range
+  left out (not available yet, or stopped for a concurrent run);
+* figures, attempts and errors come from the run's event log.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from dagster import (
+    DagsterEvent,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    OpExecutionContext,
+    PartitionKeyRange,
+    RunRecord,
+    RunsFilter,
+)
+
+from mostovik_pipelines.framework.runs.tags import (
+    JOB_TYPE_TAG,
+    LAUNCHED_BY_TAG,
+    PARTITION_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    RERUN_OF_TAG,
+    SOURCE_TAG,
+    STATUS_TAG,
+    business_tags,
+)
+from mostovik_pipelines.settings import EXECUTOR_ENV
+
+if TYPE_CHECKING:
+    from mostovik_pipelines.framework.spec import SourceSpec
+
+LOAD_COUNT_KEYS = ("inserted", "updated", "unchanged", "deleted", "ignored_older", "tombstoned",
+                   "rejected", "pages")
+PARTITION_ONLY_KEYS = ("resumed_after_page",)
+"""Per-partition figures that add up to nothing across partitions."""
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+STEP_HOST = "mostovik/host"
+STEP_PID = "mostovik/pid"
+STEP_EXECUTOR = "mostovik/executor"
+STEP_CELERY_TASK = "mostovik/celery_task"
+"""Metadata of the engine event each step reports as it starts (:func:`record_step`)."""
+
+
+class JobStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PARTIAL = "partial"
+
+
+RUN_STATUS_TO_JOB_STATUS = {
+    DagsterRunStatus.QUEUED: JobStatus.PENDING,
+    DagsterRunStatus.NOT_STARTED: JobStatus.PENDING,
+    DagsterRunStatus.STARTING: JobStatus.PENDING,
+    DagsterRunStatus.MANAGED: JobStatus.PENDING,
+    DagsterRunStatus.STARTED: JobStatus.RUNNING,
+    DagsterRunStatus.CANCELING: JobStatus.RUNNING,
+    DagsterRunStatus.SUCCESS: JobStatus.COMPLETED,
+    DagsterRunStatus.FAILURE: JobStatus.FAILED,
+    DagsterRunStatus.CANCELED: JobStatus.FAILED,
+}
+RESULTS = {JobStatus.COMPLETED: "success", JobStatus.PARTIAL: "partial", JobStatus.FAILED: "error"}
+NOT_AVAILABLE_YET = "not available yet"
+PENDING_RUN_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED,
+                        DagsterRunStatus.STARTING]
+
+
+def completed_or_partial(rejected: int, left_out: Mapping[str, str], *,
+                         ranged: bool) -> JobStatus:
+    """The status of a job whose run succeeded: partial when it did not take everything in (rows
+    quarantined; a partition stopped for a concurrent run or superseded by a newer load; any
+    partition of a range left out), else completed. A single partition the source has not
+    published yet is completed: the run did all there was to do."""
+    if rejected or (ranged and left_out):
+        return JobStatus.PARTIAL
+    if any(not reason.startswith(NOT_AVAILABLE_YET) for reason in left_out.values()):
+        return JobStatus.PARTIAL
+    return JobStatus.COMPLETED
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class JobError:
+    """One failure of a job, as its event log tells it."""
+
+    op: str | None
+    error_class: str
+    """``transient`` or ``permanent`` as the taxonomy classified it (``unclassified`` if the
+    failure happened outside an op's classified work)."""
+    kind: str | None
+    message: str
+    causes: list[str]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One business job: a run of a source, in the ADR's terms."""
+
+    run_id: str
+    source: str | None
+    job_type: str | None
+    partitions: list[str]
+    status: JobStatus
+    result: str | None
+    run_status: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    launched_by: str
+    executor: str | None
+    parent_run_id: str | None
+    root_run_id: str | None
+    rerun_of: str | None
+    totals: dict[str, int] = field(default_factory=dict)
+    per_partition: dict[str, dict[str, int]] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    errors: list[JobError] = field(default_factory=list)
+    celery_tasks: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, str] = field(default_factory=dict)
+    """Op -> the host and process id its latest attempt ran in."""
+
+    @property
+    def period(self) -> str:
+        if len(self.partitions) > 1:
+            return f"{self.partitions[0]}...{self.partitions[-1]}"
+        return self.partitions[0] if self.partitions else "-"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.ended_at or datetime.now(UTC)
+        return round((end - self.started_at).total_seconds(), 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(status=self.status.value, period=self.period,
+                    duration_seconds=self.duration_seconds,
+                    started_at=_iso(self.started_at), ended_at=_iso(self.ended_at))
+        return data
+
+
+def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
+    """As each step starts: tag the run with its business job tags if it lacks them (a UI asset
+    backfill run gets them here) and as running (its final status replaces that), and report
+    the step's host, process, executor and Celery task as an engine event of the step, on the
+    run page where they are read, not in the run list."""
+    from mostovik_pipelines.execution import current_celery_task_id
+    from mostovik_pipelines.framework.dagster_compat import EngineEventData
+
+    run_tags = context.run.tags
+    missing = {k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v}
+    if run_tags.get(STATUS_TAG) != JobStatus.RUNNING.value:
+        # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the
+        # parent's final status among them: the run list must not show it as this run's.
+        missing[STATUS_TAG] = JobStatus.RUNNING.value
+    if missing:
+        context.instance.add_run_tags(context.run_id, missing)
+    process = {STEP_HOST: socket.gethostname(), STEP_PID: str(os.getpid()),
+               STEP_EXECUTOR: os.environ.get(EXECUTOR_ENV, "in_process")}
+    task_id = current_celery_task_id()
+    if task_id:
+        process[STEP_CELERY_TASK] = task_id
+    context.instance.report_engine_event(
+        f"{context.op.name} on {process[STEP_HOST]}, pid {process[STEP_PID]}, "
+        f"{process[STEP_EXECUTOR]} executor" + (f", celery task {task_id}" if task_id else ""),
+        context.run, EngineEventData(process),
+        step_key=context.get_step_execution_context().step.key,
+    )
+
+
+def load_job(instance: DagsterInstance, run_id: str,
+             sources: Sequence[SourceSpec] | None = None) -> Job:
+    """The job behind ``run_id``; :class:`JobNotFound` if run storage has no such run."""
+    records = instance.get_run_records(RunsFilter(run_ids=[run_id]), limit=1)
+    if not records:
+        raise JobNotFound(f"no run {run_id} in run storage")
+    return _job_from_record(instance, records[0], _specs(sources))
+
+
+def list_jobs(
+    instance: DagsterInstance, *, source: str | None = None, job_type: str | None = None,
+    status: JobStatus | None = None, period_from: str | None = None,
+    period_to: str | None = None, since: datetime | None = None, limit: int = 50,
+    sources: Sequence[SourceSpec] | None = None,
+) -> list[Job]:
+    """Jobs newest first, filtered the way an administrator asks."""
+    specs = _specs(sources)
+    filters = RunsFilter(
+        created_after=since,
+        tags={SOURCE_TAG: source} if source else None,
+        statuses=_run_statuses(status),
+    )
+    records = list(instance.get_run_records(filters, order_by="create_timestamp"))
+    if source:
+        # A run launched without the source's tags (a UI asset backfill) gets them from its
+        # first step: before it starts, only its asset selection names the source.
+        records += [
+            record for record in instance.get_run_records(RunsFilter(
+                created_after=since, statuses=_run_statuses(status) or PENDING_RUN_STATUSES))
+            if SOURCE_TAG not in record.dagster_run.tags
+            and _source_of(record.dagster_run, specs) == source
+        ]
+        records.sort(key=lambda r: r.create_timestamp, reverse=True)
+    jobs = []
+    for record in records:
+        run = record.dagster_run
+        if _source_of(run, specs) is None:
+            continue
+        job = _job_from_record(instance, record, specs, detail=False)
+        if (job_type and job.job_type != job_type) or (status and job.status is not status):
+            continue
+        if period_from and (not job.partitions or job.partitions[-1] < period_from):
+            continue
+        if period_to and (not job.partitions or job.partitions[0] > period_to):
+            continue
+        jobs.append(job)
+        if len(jobs) >= limit:
+            break
+    return jobs
+
+
+def _run_statuses(status: JobStatus | None) -> list[DagsterRunStatus] | None:
+    """The run statuses a job of ``status`` can have (a partial job is a successful run)."""
+    if status is None:
+        return None
+    wanted = JobStatus.COMPLETED if status is JobStatus.PARTIAL else status
+    return [run_status for run_status, job_status in RUN_STATUS_TO_JOB_STATUS.items()
+            if job_status is wanted]
+
+
+def stuck_jobs(instance: DagsterInstance, sources: Sequence[SourceSpec] | None = None,
+               now: datetime | None = None) -> list[Job]:
+    """Jobs running longer than their source's expected maximum runtime."""
+    specs = _specs(sources)
+    now = now or datetime.now(UTC)
+    stuck = []
+    in_flight = [s for s, j in RUN_STATUS_TO_JOB_STATUS.items()
+                 if j in (JobStatus.RUNNING, JobStatus.PENDING)
+                 and s is not DagsterRunStatus.QUEUED]
+    for record in instance.get_run_records(RunsFilter(statuses=in_flight)):
+        run = record.dagster_run
+        spec = specs.get(_source_of(run, specs) or "")
+        if spec is None:
+            continue
+        limit = float(run.tags.get(MAX_RUNTIME_TAG, spec.max_runtime_seconds))
+        started = record.start_time or record.create_timestamp.timestamp()
+        if now.timestamp() - started > limit:
+            stuck.append(_job_from_record(instance, record, specs))
+    return stuck
+
+
+def latest_job_for(instance: DagsterInstance, source: str, partition: str) -> Job | None:
+    """The newest job of ``source`` for ``partition``, if any."""
+    records = instance.get_run_records(
+        RunsFilter(tags={SOURCE_TAG: source, PARTITION_TAG: partition}), limit=1
+    )
+    return _job_from_record(instance, records[0], _specs(None)) if records else None
+
+
+def _job_from_record(instance: DagsterInstance, record: RunRecord,
+                     specs: dict[str, SourceSpec], detail: bool = True) -> Job:
+    """The job of a run. Without ``detail`` (job lists) the event log is not read whole: the
+    status comes from the run's ``mostovik/status`` tag and the figures from its
+    materialisations only."""
+    run = record.dagster_run
+    source = _source_of(run, specs)
+    spec = specs.get(source or "")
+    partitions = _partitions_of(run, spec)
+    per_partition: dict[str, dict[str, int]] = {}
+    left_out: dict[str, str] = {}
+    attempts: dict[str, int] = {}
+    errors: list[JobError] = []
+    processes: dict[str, str] = {}
+    celery_tasks: dict[str, str] = {}
+    executor = None
+    status = RUN_STATUS_TO_JOB_STATUS[run.status]
+    tagged = run.tags.get(STATUS_TAG)
+    trust_tag = status is JobStatus.COMPLETED and tagged in (JobStatus.COMPLETED,
+                                                             JobStatus.PARTIAL)
+    if not detail and (trust_tag or status is not JobStatus.COMPLETED):
+        entries = [record.event_log_entry for record in instance.get_records_for_run(
+            run.run_id, of_type={DagsterEventType.ASSET_MATERIALIZATION,
+                                 DagsterEventType.ENGINE_EVENT}).records]
+    else:
+        entries = instance.all_logs(run.run_id)
+    for entry in entries:
+        event = entry.dagster_event
+        if event is None:
+            continue
+        if event.event_type is DagsterEventType.ENGINE_EVENT:
+            step_process = _step_process(event)
+            if step_process:
+                op_name = (event.step_key or "").rsplit(".", 1)[-1]
+                executor = step_process[STEP_EXECUTOR]
+                processes[op_name] = f"{step_process[STEP_HOST]} pid {step_process[STEP_PID]}"
+                if STEP_CELERY_TASK in step_process:
+                    celery_tasks[op_name] = step_process[STEP_CELERY_TASK]
+        elif event.event_type is DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = event.event_specific_data.materialization
+            per_partition[materialization.partition or "-"] = {
+                key: int(materialization.metadata[key].value)
+                for key in (*LOAD_COUNT_KEYS, *PARTITION_ONLY_KEYS)
+                if key in materialization.metadata
+            }
+        elif event.event_type is DagsterEventType.ASSET_OBSERVATION:
+            metadata = event.event_specific_data.asset_observation.metadata
+            for key in ("mostovik/skipped", "mostovik/failed"):
+                if key in metadata:
+                    left_out.update(metadata[key].value)
+        elif event.event_type in (DagsterEventType.STEP_START, DagsterEventType.STEP_RESTARTED):
+            op_name = (event.step_key or "").rsplit(".", 1)[-1]
+            attempts[op_name] = attempts.get(op_name, 0) + 1
+        elif event.event_type is DagsterEventType.STEP_FAILURE:
+            errors.append(_step_error(event))
+        elif event.event_type is DagsterEventType.RUN_FAILURE and not errors:
+            errors.append(JobError(None, "unclassified", None, entry.user_message, []))
+    totals = {key: sum(p.get(key, 0) for p in per_partition.values()) for key in LOAD_COUNT_KEYS
+              if key in ("inserted", "updated", "unchanged", "deleted", "rejected")
+              or any(key in p for p in per_partition.values())}
+    if trust_tag:
+        status = JobStatus(tagged)
+    elif status is JobStatus.COMPLETED:
+        status = completed_or_partial(totals["rejected"], left_out, ranged=len(partitions) > 1)
+    return Job(
+        run_id=run.run_id, source=source,
+        job_type=run.tags.get(JOB_TYPE_TAG) or (spec.job_type.value if spec else None),
+        partitions=partitions, status=status, result=RESULTS.get(status),
+        run_status=run.status.value,
+        started_at=_datetime(record.start_time), ended_at=_datetime(record.end_time),
+        launched_by=_launched_by(run), executor=executor,
+        parent_run_id=run.parent_run_id, root_run_id=run.root_run_id,
+        rerun_of=run.tags.get(RERUN_OF_TAG),
+        totals=totals if per_partition else {}, per_partition=per_partition,
+        left_out=left_out, attempts=attempts, errors=errors, celery_tasks=celery_tasks,
+        processes=processes,
+    )
+
+
+def _step_process(event: DagsterEvent) -> dict[str, str] | None:
+    """The host, process, executor and Celery task a step reported (:func:`record_step`)."""
+    data = event.engine_event_data
+    if data is None or STEP_HOST not in data.metadata:
+        return None
+    return {key: str(value.value) for key, value in data.metadata.items()}
+
+
+def _step_error(event) -> JobError:
+    data = event.step_failure_data
+    metadata = data.user_failure_data.metadata if data.user_failure_data else {}
+    error = data.error
+    message = (data.user_failure_data.description if data.user_failure_data
+               and data.user_failure_data.description else (error.message if error else ""))
+    causes = []
+    link = (error.cause or error.context) if error else None
+    while link is not None:
+        causes.append(f"{link.cls_name}: {link.message.strip()}")
+        link = link.cause or link.context
+    return JobError(
+        op=(event.step_key or "").rsplit(".", 1)[-1],
+        error_class=str(metadata["mostovik/error_class"].value)
+        if "mostovik/error_class" in metadata else "unclassified",
+        kind=str(metadata["mostovik/error_kind"].value) if "mostovik/error_kind" in metadata
+        else None,
+        message=message.strip(),
+        causes=causes,
+    )
+
+
+def _launched_by(run: DagsterRun) -> str:
+    tags = run.tags
+    if LAUNCHED_BY_TAG in tags:
+        return tags[LAUNCHED_BY_TAG]
+    if "dagster/schedule_name" in tags:
+        return f"schedule {tags['dagster/schedule_name']}"
+    if "dagster/sensor_name" in tags:
+        return f"sensor {tags['dagster/sensor_name']}"
+    if "dagster/backfill" in tags:
+        return f"backfill {tags['dagster/backfill']}"
+    if run.parent_run_id:
+        return "re-execution"
+    # Runs launched through a code location server (UI, daemon) carry its origin; runs
+    # executed by `dagster job execute` or in-process do not.
+    return "ui" if run.remote_job_origin is not None else "cli"
+
+
+def _source_of(run: DagsterRun, specs: dict[str, SourceSpec]) -> str | None:
+    if SOURCE_TAG in run.tags:
+        return run.tags[SOURCE_TAG]
+    for name in specs:
+        if run.job_name == f"{name}_job" or any(
+            key.to_user_string() == name for key in (run.asset_selection or ())
+        ):
+            return name
+    return None
+
+
+def _partitions_of(run: DagsterRun, spec: SourceSpec | None) -> list[str]:
+    if PARTITION_TAG in run.tags:
+        return [run.tags[PARTITION_TAG]]
+    start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
+    if start and end:
+        if spec is None:
+            return [start, end]
+        return list(spec.partitions_def.get_partition_keys_in_range(PartitionKeyRange(start, end)))
+    return []
+
+
+def _specs(sources: Iterable[SourceSpec] | None) -> dict[str, SourceSpec]:
+    if sources is None:
+        from mostovik_pipelines.sources import ALL_SOURCES
+
+        sources = ALL_SOURCES
+    return {spec.name: spec for spec in sources}
+
+
+def _datetime(timestamp: float | None) -> datetime | None:
+    return datetime.fromtimestamp(timestamp, UTC) if timestamp else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None

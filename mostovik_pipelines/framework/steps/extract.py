@@ -1,0 +1,150 @@
+"""The extract op's work: call the source for each partition and land the raw bytes; a paged
+source's pages from where its committed progress (or a killed run's landed pages) left off."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+from dagster import DagsterEventType, DagsterRunStatus, OpExecutionContext, RunsFilter
+
+from mostovik_pipelines.framework.assets.resource_keys import (
+    LANDING_KEY,
+    WAREHOUSE_KEY,
+    source_resource_key,
+)
+from mostovik_pipelines.framework.errors import (
+    ConfigurationError,
+    PageCursorExpired,
+    PermanentError,
+)
+from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
+from mostovik_pipelines.framework.spec import ExtractRequest, PageCursor, RawPayload, SourceSpec
+from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
+from mostovik_pipelines.framework.steps.outcomes import LandedPages, PartitionFailure, page_cursor
+from mostovik_pipelines.framework.steps.retries import NO_RETRY, StepContext
+from mostovik_pipelines.framework.steps.sync_progress import committed_progress, pages_to_resume
+from mostovik_pipelines.resources.landing import LandedPayload
+
+
+def extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
+                       reuse_landed: bool, full_resync: bool = False,
+                       ) -> LandedPayload | LandedPages | PartitionFailure:
+    if spec.paged:
+        if reuse_landed:
+            return fail_or_set_aside(
+                context, StepContext(spec.name, key, "extract"), NO_RETRY, ConfigurationError(
+                    "reuse_landed re-transforms one payload; a paged source lands many: "
+                    "run it again (it resumes after its committed pages) or with full_resync"),
+                len(context.partition_keys) > 1)
+        return _extract_pages(context, spec, key, full_resync)
+    landing = getattr(context.resources, LANDING_KEY)
+    ranged = len(context.partition_keys) > 1
+    latest = landing.latest(spec.name, key)
+    if reuse_landed or (latest is not None and latest.run_id == context.run_id):
+        if latest is not None:
+            return latest
+        return fail_or_set_aside(context, StepContext(spec.name, key, "extract"), NO_RETRY,
+                                  PermanentError("nothing landed yet to re-transform"), ranged)
+    try:
+        raw = spec.extract(ExtractRequest(
+            source=spec.name, partition_key=key,
+            resource=getattr(context.resources, source_resource_key(spec)),
+        ))
+        return landing.land(
+            spec.name, key, raw.content, content_type=raw.content_type,
+            origin=raw.origin, fetched_at=raw.published_at or datetime.now(UTC),
+            run_id=context.run_id,
+        )
+    except Exception as exc:
+        return fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
+                                  spec.extract_retry, exc, ranged)
+
+
+def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
+                   full_resync: bool) -> LandedPages | PartitionFailure:
+    """Land the partition's pages, starting after its committed progress (or after what this
+    run already landed, in a retried step): a committed page is never fetched again. An expired
+    page token restarts the page with the window narrowed to after the last item received."""
+    landing = getattr(context.resources, LANDING_KEY)
+    mine = landing.pages_landed_by(spec.name, key, context.run_id)
+    if mine:
+        resumed_after = (mine[0].page or 1) - 1
+        cursor = page_cursor(mine[-1].next_cursor)
+        if cursor is None:
+            return LandedPages(tuple(mine), resumed_after)
+    else:
+        engine = getattr(context.resources, WAREHOUSE_KEY).engine()
+        progress = None if full_resync else committed_progress(engine, spec.name, key)
+        resumed_after = progress.pages_committed if progress else 0
+        cursor = progress.next_cursor if progress else None
+        if progress:
+            context.log.info(f"{spec.name} [{key}]: resuming after page {resumed_after} "
+                             f"(committed by run {progress.run_id})")
+        stopped = None if full_resync else _stopped_midway(context, key)
+        if stopped is not None:
+            mine = pages_to_resume(landing.pages_landed_by(spec.name, key, stopped),
+                                   resumed_after, cursor, landing.is_whole)
+        if mine:
+            context.log.info(
+                f"{spec.name} [{key}]: taking up pages {mine[0].page}-{mine[-1].page} landed by "
+                f"run {mine[0].run_id}, which stopped before committing them")
+            cursor = page_cursor(mine[-1].next_cursor)
+            if cursor is None:
+                return LandedPages(tuple(mine), resumed_after)
+    pages = list(mine)
+    number = resumed_after + len(pages) + 1
+    resource = getattr(context.resources, source_resource_key(spec))
+
+    def fetch(cursor: PageCursor | None) -> RawPayload:
+        return spec.extract(ExtractRequest(source=spec.name, partition_key=key,
+                                           resource=resource, cursor=cursor))
+
+    # One page ahead: the next page is requested as soon as this one names it, and lands
+    # while the source prepares it (the pages are still asked for one at a time, in order).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fetch-{spec.name}") as ahead:
+        fetching = ahead.submit(fetch, cursor)
+        while True:
+            try:
+                raw = fetching.result()
+            except PageCursorExpired as expired:
+                context.log.warning(f"{spec.name} [{key}] page {number}: {expired}; fetching "
+                                    "it again from after the last item received")
+                cursor = PageCursor(None, cursor.resume_after if cursor else None)
+                fetching = ahead.submit(fetch, cursor)
+                continue
+            except Exception as exc:
+                return fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
+                                          spec.extract_retry, exc,
+                                          len(context.partition_keys) > 1)
+            if raw.next_cursor is not None:
+                fetching = ahead.submit(fetch, raw.next_cursor)
+            pages.append(landing.land(
+                spec.name, key, raw.content, content_type=raw.content_type, origin=raw.origin,
+                fetched_at=datetime.now(UTC), run_id=context.run_id, page=number,
+                cursor=asdict(cursor) if cursor else None,
+                next_cursor=asdict(raw.next_cursor) if raw.next_cursor else None,
+                durable=False,
+            ))
+            if raw.next_cursor is None:
+                return LandedPages(tuple(pages), resumed_after)
+            cursor, number = raw.next_cursor, number + 1
+
+
+def _stopped_midway(context: OpExecutionContext, key: str) -> str | None:
+    """The partition's latest run before this one, if its landed pages may be taken up: it
+    neither finished (a window synced since is synced afresh) nor failed for a permanent reason
+    (a bad page is fetched again, not parsed again); it was killed, or failed transiently."""
+    earlier = [record.dagster_run for record in context.instance.get_run_records(
+        RunsFilter(tags={PARTITION_TAG: key}), limit=2)
+        if record.dagster_run.run_id != context.run_id]
+    if not earlier or earlier[0].status is DagsterRunStatus.SUCCESS:
+        return None
+    run_id = earlier[0].run_id
+    for entry in context.instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        failure = entry.dagster_event.step_failure_data.user_failure_data
+        error_class = failure.metadata.get("mostovik/error_class") if failure else None
+        if error_class is None or error_class.value != "transient":
+            return None
+    return run_id

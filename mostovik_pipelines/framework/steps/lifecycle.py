@@ -1,0 +1,98 @@
+"""Around every step of every source: the run's claim and status, the concurrent-run policy,
+and what a failure does (retry, fail the run, or set a ranged run's partition aside)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from dagster import AssetKey, OpExecutionContext, RetryRequested
+
+from mostovik_pipelines.framework.errors import ConcurrentRunError, classify
+from mostovik_pipelines.framework.runs.claims import hold_run_claim
+from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
+from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.tracking import JobStatus, record_step
+from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
+from mostovik_pipelines.framework.steps.outcomes import (
+    PartitionFailure,
+    PartitionSkipped,
+    StepOutcomes,
+)
+from mostovik_pipelines.framework.steps.retries import (
+    NO_RETRY,
+    RetryPolicy,
+    StepContext,
+    failure_for,
+    retry_or_fail,
+)
+
+CONCURRENT_RUN_POLL_SECONDS = 3.0
+"""How often a run waiting for an older run of its partitions looks again. It waits between
+attempts of its step, holding no worker (a Celery worker is free for the run it waits for)."""
+
+
+@contextlib.contextmanager
+def running_step(context: OpExecutionContext, spec: SourceSpec) -> Iterator[None]:
+    """Hold the run's claim while the step works (the run is alive: :mod:`.run_claims`), tag
+    the run as a business job, and mark the job failed when the step fails for good."""
+    with hold_run_claim(context.instance, context.run_id):
+        record_step(context, spec)
+        try:
+            yield
+        except RetryRequested:
+            raise
+        except BaseException:
+            context.instance.add_run_tags(context.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+            raise
+
+
+def older_run_stops_this_one(context: OpExecutionContext, spec: SourceSpec) -> str | None:
+    """Apply the source's concurrent-run policy at the run's first step: the reason this run
+    stops (policy ``stop``), or None to go on. With ``wait`` the step retries later, holding
+    nothing, until the older runs are over, for at most ``concurrent_run_wait_seconds`` from the
+    run's start."""
+    keys = context.partition_keys
+    claim = RunClaim(context.run_id, f"{spec.name}_job", AssetKey(spec.name), frozenset(keys))
+    older = [run.run_id for run in older_runs_in_flight(context.instance, claim,
+                                                         spec.partitions_def)]
+    if not older:
+        return None
+    if spec.on_concurrent_run is ConcurrentRunPolicy.STOP:
+        reason = (f"stopped: run(s) {', '.join(older)} of the same partition(s) in progress; "
+                  "nothing loaded by this run")
+        context.log.warning(f"{spec.name}: {reason}")
+        return reason
+    record = context.instance.get_run_record_by_id(context.run_id)
+    started = (record.start_time if record and record.start_time
+               else record.create_timestamp.timestamp() if record else time.time())
+    waited = time.time() - started
+    scope = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
+    if waited > spec.concurrent_run_wait_seconds:
+        raise failure_for(StepContext(spec.name, scope, "wait"), classify(ConcurrentRunError(
+            f"run(s) {', '.join(older)} of the same partition(s) still in progress after "
+            f"{waited:.0f}s")), context.retry_number + 1, NO_RETRY)
+    context.log.info(f"{spec.name} [{scope}]: waiting for run(s) {', '.join(older)} of the same "
+                     f"partition(s) to finish ({waited:.0f}s so far)")
+    raise RetryRequested(max_retries=context.retry_number + 1,
+                         seconds_to_wait=CONCURRENT_RUN_POLL_SECONDS)
+
+
+def fail_or_set_aside(
+    context: OpExecutionContext, step: StepContext, policy: RetryPolicy, exc: Exception,
+    ranged: bool,
+) -> PartitionFailure:
+    """Retry the step while the failure is transient; else fail the run (one partition) or set
+    the partition aside (a range), logging why."""
+    decision = retry_or_fail(context, step, policy, exc)
+    if isinstance(decision, RetryRequested) or not ranged:
+        raise decision from exc
+    context.log.error(decision.description)
+    return PartitionFailure(step.partition_key, step.step, decision.description or str(exc))
+
+
+def stopped(context: OpExecutionContext, reason: str) -> StepOutcomes:
+    """Every partition of the run skipped, for ``reason`` (the concurrent-run policy)."""
+    return StepOutcomes(context.run_id,
+                        {key: PartitionSkipped(key, reason) for key in context.partition_keys})

@@ -1,0 +1,281 @@
+"""The load op's work: upsert each partition in a transaction of its own (a paged partition in
+groups of pages, each with its progress checkpoint), then record its materialisation and the
+result of every check of it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    AssetObservation,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+)
+
+from mostovik_pipelines.framework.assets.resource_keys import (
+    LANDING_KEY,
+    WAREHOUSE_KEY,
+    source_resource_key,
+)
+from mostovik_pipelines.framework.assets.view import PREVIEW_ROWS, preview
+from mostovik_pipelines.framework.errors import PartitionCheckFailed, classify
+from mostovik_pipelines.framework.load.partition import (
+    KeptRows,
+    LoadCounts,
+    PartitionSuperseded,
+    load_partition,
+)
+from mostovik_pipelines.framework.load_target import LoadMode
+from mostovik_pipelines.framework.quality.checks import blocks, evaluate_partition
+from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
+from mostovik_pipelines.framework.quality.validation import row_text
+from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS, completed_or_partial
+from mostovik_pipelines.framework.spec import LoadedPartition, ReceivedRows, RejectedRow, SourceSpec
+from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
+from mostovik_pipelines.framework.steps.outcomes import (
+    PartitionFailure,
+    PartitionSkipped,
+    TransformedPages,
+    TransformedPartition,
+    page_cursor,
+)
+from mostovik_pipelines.framework.steps.reexecution import partitions_materialized_by_run
+from mostovik_pipelines.framework.steps.retries import NO_RETRY, StepContext
+from mostovik_pipelines.framework.steps.sync_progress import committed_progress, save_progress
+
+SHOWN_FAILURES = 5
+"""Failed partitions named in a ranged run's failure."""
+
+
+def _kept_rows(spec: SourceSpec, rejected: tuple[RejectedRow, ...]) -> KeptRows | None:
+    """The stored rows the load keeps for the rejected ones: a rejected row is not absent."""
+    if not rejected:
+        return None
+    keys = [row.key for row in rejected if row.key is not None]
+    frame = pd.DataFrame(keys, columns=list(spec.natural_key))
+    return KeptRows(frame, all_vanished=len(keys) < len(rejected))
+
+
+
+@dataclass(frozen=True)
+class PartitionLoad:
+    """What loading one partition did, for its materialisation and its checks."""
+
+    figures: dict
+    received: ReceivedRows
+    """Natural key (and version) of every row loaded."""
+    received_rows: int
+    """Rows the source sent, quarantined ones included."""
+    payload_bytes: int
+    content_hash: str
+    sample: pd.DataFrame
+    scratch: tuple[str, ...] = ()
+    """Kept frames (paged partitions) to discard once the partition is checked."""
+
+
+def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: AssetKey,
+                     outcomes: dict) -> str:
+    """Load every partition, record its materialisation and check results, tag the run with
+    its ADR status; the status and figures as one line."""
+    engine = getattr(context.resources, WAREHOUSE_KEY).engine()
+    already_loaded = partitions_materialized_by_run(context, asset_key)
+    ranged = len(outcomes) > 1
+    skipped = [o for o in outcomes.values() if isinstance(o, PartitionSkipped)]
+    failed = [o for o in outcomes.values() if isinstance(o, PartitionFailure)]
+    loaded_values = [spec.load_target.partition_value(key) for key in already_loaded]
+    checked = {key.name for key in context.selected_asset_check_keys}
+    rejected = 0
+    totals: dict[str, int] = {}
+    for key, outcome in outcomes.items():
+        if not isinstance(outcome, TransformedPartition | TransformedPages) or (
+                key in already_loaded):
+            continue
+        started = time.monotonic()
+        try:
+            if isinstance(outcome, TransformedPages):
+                loaded = _load_pages(context, spec, engine, key, outcome)
+            else:
+                loaded = _load_whole(context, spec, engine, key, outcome)
+        except PartitionSuperseded as superseded:
+            context.log.warning(f"{spec.name} [{key}] superseded: {superseded}")
+            skipped.append(PartitionSkipped(key, f"superseded: {superseded}"))
+            continue
+        except Exception as exc:
+            failed.append(fail_or_set_aside(
+                context, StepContext(spec.name, key, "load"), spec.load_retry, exc, ranged))
+            continue
+        figures = loaded.figures
+        rejected += figures["rejected"]
+        for name, n in figures.items():
+            if isinstance(n, int):
+                totals[name] = totals.get(name, 0) + n
+        # The materialisation is the partition's line in the run's log, with its figures.
+        context.log_event(AssetMaterialization(
+            asset_key=asset_key, partition=key,
+            metadata={
+                **{name: MetadataValue.int(n) if isinstance(n, int) else n
+                   for name, n in figures.items()},
+                "duration_seconds": MetadataValue.float(round(time.monotonic() - started, 3)),
+                "payload_bytes": MetadataValue.int(loaded.payload_bytes),
+                "content_hash": loaded.content_hash,
+                "preview": preview(loaded.sample),
+            },
+        ))
+        loaded_values.append(spec.load_target.partition_value(key))
+        evaluations = [evaluation for evaluation in evaluate_partition(
+            engine, spec, key, context.run_id, loaded.received, loaded.received_rows,
+            loaded_values, context.instance) if evaluation.check_name in checked]
+        for evaluation in evaluations:
+            context.log_event(evaluation)
+        for path in loaded.scratch:
+            getattr(context.resources, LANDING_KEY).discard_frame(path)
+        blocked = [e for e in evaluations if blocks(e)]
+        if blocked:
+            failed.append(fail_or_set_aside(
+                context, StepContext(spec.name, key, "check"), NO_RETRY, PartitionCheckFailed(
+                    "; ".join(f"{e.check_name}: {e.description}" for e in blocked)), ranged))
+            continue
+        _after_load(context, spec, key, "partial" if figures["rejected"] else "loaded")
+    if skipped or failed:
+        context.log_event(AssetObservation(asset_key=asset_key, metadata={
+            "mostovik/skipped": MetadataValue.json({o.partition_key: o.reason for o in skipped}),
+            "mostovik/failed": MetadataValue.json({o.partition_key: o.message for o in failed}),
+        }))
+    if failed:
+        shown = "; ".join(f.message for f in failed[:SHOWN_FAILURES])
+        raise Failure(
+            description=f"{spec.name}: {len(failed)} of {len(outcomes)} partitions "
+                        f"failed: {shown}",
+            metadata={"mostovik/failed_partitions": MetadataValue.json(
+                [f.partition_key for f in failed])},
+            allow_retries=False,
+        )
+    status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
+                                  ranged=ranged)
+    context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
+    figures = ", ".join(f"{name} {n}" for name, n in totals.items() if name in LOAD_COUNT_KEYS)
+    return (f"{spec.name}: job {status.value}; {len(outcomes)} partition(s)"
+            + (f"; {figures}" if figures else ""))
+
+
+def _after_load(context: OpExecutionContext, spec: SourceSpec, key: str, outcome: str) -> None:
+    if spec.after_load is None:
+        return
+    try:
+        spec.after_load(LoadedPartition(spec.name, key,
+                                        getattr(context.resources, source_resource_key(spec)),
+                                        outcome, context.run_id))
+    except Exception as exc:  # the load is committed; what follows it must not undo the job
+        context.log.warning(f"{spec.name} [{key}]: after the load: {classify(exc).reason}")
+
+
+def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
+                outcome: TransformedPartition) -> PartitionLoad:
+    """One transaction: the partition's rows, its quarantine (rows rejected by transform, and
+    rows whose key another partition value holds, when the source rejects those)."""
+    quarantined: list[RejectedRow] = []
+
+    def quarantine(connection, counts: LoadCounts) -> None:
+        quarantined[:] = [*outcome.rejected,
+                          *_held_elsewhere(outcome.frame, outcome.row_numbers, counts)]
+        replace_quarantine(connection, spec.name, key, context.run_id, quarantined)
+
+    counts = load_partition(
+        engine, spec.load_target, outcome.frame, key, context.run_id,
+        within_transaction=quarantine, fetched_at=outcome.landed.fetched_at,
+        kept=_kept_rows(spec, outcome.rejected),
+    )
+    figures = counts.as_dict(merge=spec.load_mode is LoadMode.MERGE_BY_VERSION)
+    return PartitionLoad(
+        figures={
+            **figures, "rejected": len(quarantined),
+            "duplicates_dropped": outcome.duplicates_dropped,
+            "dagster/row_count": len(outcome.frame), "table": spec.table.name,
+            "fetched_at": outcome.landed.fetched_at.isoformat(),
+        },
+        received=ReceivedRows.of(outcome.frame[_received_columns(spec)]),
+        received_rows=len(outcome.frame) + len(outcome.rejected),
+        payload_bytes=outcome.landed.size_bytes,
+        content_hash=outcome.landed.content_hash,
+        sample=outcome.frame.head(PREVIEW_ROWS),
+    )
+
+
+def _received_columns(spec: SourceSpec) -> list[str]:
+    """What the checks compare with the table: the natural key, and the version."""
+    return [*spec.natural_key, *([spec.version_column] if spec.version_column else [])]
+
+
+def _held_elsewhere(frame: pd.DataFrame, row_numbers: tuple[int, ...] | None,
+                    counts: LoadCounts) -> list[RejectedRow]:
+    """The rows the load left out because another partition value holds their keys, numbered
+    by their place in the payload."""
+    rejected = []
+    for held in counts.held_elsewhere:
+        key = {k: v for k, v in held.items() if k != "held_by"}
+        match = frame.index[(frame[list(key)] == pd.Series(key)).all(axis=1)]
+        index = int(match[0]) if len(match) else None
+        position = (0 if index is None else row_numbers[index] if row_numbers is not None
+                    else index + 1)
+        raw = row_text(frame.loc[index]) if index is not None else str(key)
+        rejected.append(RejectedRow(
+            position, raw, f"key {key} is already held by {held['held_by']}: not overwritten",
+            key=None))
+    return rejected
+
+
+def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
+                outcome: TransformedPages) -> PartitionLoad:
+    """Each group of pages in a transaction of its own, with the partition's progress
+    checkpoint at the group's last page: the checkpoint never runs ahead of the rows it vouches
+    for."""
+    landing = getattr(context.resources, LANDING_KEY)
+    progress = committed_progress(engine, spec.name, key)
+    done = (progress.pages_committed
+            if progress is not None and progress.run_id == context.run_id else 0)
+    totals: dict[str, int] = {}
+    rows = rejected = 0
+    sample = None
+    for group in outcome.groups:
+        rows += group.rows
+        rejected += len(group.rejected)
+        if group.last_page <= done:
+            continue  # committed by this run before its load step was retried
+        frame = landing.read_frame(group.frame_path)
+        if sample is None:
+            sample = frame.head(PREVIEW_ROWS)
+
+        def commit_progress(connection, counts: LoadCounts, group=group) -> None:
+            replace_quarantine(connection, spec.name, key, context.run_id, group.rejected,
+                               append=group.first_page > 1)
+            save_progress(connection, spec.name, key, group.last_page,
+                          page_cursor(group.next_cursor), context.run_id)
+
+        counts = load_partition(engine, spec.load_target, frame, key, context.run_id,
+                                within_transaction=commit_progress, whole_partition=False)
+        del frame
+        for name, n in counts.as_dict(merge=True).items():
+            totals[name] = totals.get(name, 0) + n
+    columns = _received_columns(spec)
+    paths = tuple(group.frame_path for group in outcome.groups)
+    return PartitionLoad(
+        figures={
+            **{name: totals.get(name, 0) for name in LoadCounts.figures(merge=True)},
+            "rejected": rejected, "pages": outcome.pages,
+            "resumed_after_page": outcome.resumed_after_page,
+            "dagster/row_count": rows, "table": spec.table.name,
+            "fetched_at": outcome.fetched_at.isoformat() if outcome.fetched_at else "",
+        },
+        received=ReceivedRows(lambda: (landing.read_frame(path, columns) for path in paths)),
+        received_rows=rows + rejected,
+        payload_bytes=outcome.payload_bytes,
+        content_hash=outcome.content_hash,
+        sample=sample if sample is not None else pd.DataFrame(columns=spec.load_target.columns),
+        scratch=paths,
+    )

@@ -1,0 +1,102 @@
+"""What one step hands to the next, per partition (pickled in the op-output store)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from mostovik_pipelines.framework.spec import PageCursor, RejectedRow
+from mostovik_pipelines.resources.landing import LandedPayload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class TransformedPartition:
+    """What transform hands to load for one partition: rows to load, rows to quarantine."""
+
+    frame: pd.DataFrame
+    landed: LandedPayload
+    duplicates_dropped: int
+    rejected: tuple[RejectedRow, ...]
+    row_numbers: tuple[int, ...] | None = None
+    """Each row's position in the payload (what a quarantined row is numbered by)."""
+
+
+@dataclass(frozen=True)
+class PartitionSkipped:
+    """A partition with nothing to load (not published yet, stopped for a concurrent run,
+    superseded by a newer load)."""
+
+    partition_key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PartitionFailure:
+    """A partition of a ranged run that failed for good; the other partitions go on."""
+
+    partition_key: str
+    step: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PartitionLoaded:
+    """A partition a re-execution finds already loaded by the run it repeats: nothing to do."""
+
+    partition_key: str
+    run_id: str
+
+
+@dataclass(frozen=True)
+class LandedPages:
+    """A paged partition's pages landed by this run, from where its committed progress left
+    off (``resumed_after_page`` pages were committed before; 0: from the start)."""
+
+    pages: tuple[LandedPayload, ...]
+    resumed_after_page: int
+
+
+@dataclass(frozen=True)
+class TransformedPageGroup:
+    """Consecutive pages validated together, to be committed in one transaction with the
+    checkpoint at ``last_page`` (:attr:`.SourceSpec.rows_per_commit`)."""
+
+    first_page: int
+    last_page: int
+    frame_path: str
+    """The group's validated rows, kept next to the landed pages (memory holds one group)."""
+    rows: int
+    rejected: tuple[RejectedRow, ...]
+    duplicates_dropped: int
+    next_cursor: dict | None
+    """Where the page after the group starts; None: the group ends the partition."""
+
+
+@dataclass(frozen=True)
+class TransformedPages:
+    groups: tuple[TransformedPageGroup, ...]
+    resumed_after_page: int
+    pages: int
+    payload_bytes: int
+    content_hash: str
+    """The digest of the partition's pages' hashes, in page order."""
+    fetched_at: datetime | None
+    """When the first page was fetched."""
+
+
+@dataclass(frozen=True)
+class StepOutcomes:
+    """What a step hands to the next, per partition, and the run that produced it: a step of
+    another run (a re-execution's inherited input) is history, never acted upon."""
+
+    run_id: str
+    partitions: dict = field(default_factory=dict)
+
+
+def page_cursor(record: dict | None) -> PageCursor | None:
+    """The cursor a landed page records (as a dict), or None."""
+    return PageCursor(**record) if record else None

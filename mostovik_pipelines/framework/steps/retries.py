@@ -1,0 +1,173 @@
+"""The one retry mechanism: a classified failure becomes a bounded retry or an immediate failure.
+
+Every op runs its work through :func:`retry_or_fail`. A transient failure raises Dagster's
+``RetryRequested`` with an exponential, jittered wait (or the source's ``Retry-After``, capped);
+a permanent one, or a transient one past the last attempt, becomes ``Failure(allow_retries=
+False)`` with the error's class and context as metadata. Ops carry no ``RetryPolicy`` of their
+own, so no exception is ever retried without passing through :func:`.errors.classify`.
+
+The budget is per partition, not per step: every retry is recorded as an observation of the
+failing partition (``mostovik/retry``: op, attempt, reason, wait), and a partition's attempts are
+counted from its own records in the run's event log. A part we stand on being away (the
+warehouse or the broker restarting or failing over, :attr:`.errors.Verdict.outage`) has a budget
+of its own, in seconds ridden out rather than attempts: a failover of up to a minute passes
+without an operator, whatever the source's attempts, and a longer one fails as transient. Three
+partitions of a year-long backfill that each fail once take one retry each, and the rest keep
+their full budget. The same records show an operator every retry, per partition, in the UI.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    DagsterEventType,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    RetryRequested,
+)
+
+from mostovik_pipelines.framework.errors import Verdict, classify
+from mostovik_pipelines.settings import setting
+
+OUTAGE_SETTING = "MOSTOVIK_STEP_OUTAGE_SECONDS"
+
+
+def _outage_budget() -> float:
+    """The deployment's outage budget (``MOSTOVIK_STEP_OUTAGE_SECONDS``, 90 s): a site whose
+    database fails over in longer, or a test whose warehouse is away on purpose, sets it."""
+    return float(setting(OUTAGE_SETTING, "90"))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a step retries transient failures."""
+
+    max_attempts: int = 4
+    base_delay_seconds: float = 1.0
+    max_delay_seconds: float = 60.0
+    jitter: float = 0.5
+    """Share of the delay drawn at random, so that parallel runs do not retry in lockstep."""
+    retry_after_cap_seconds: float = 300.0
+    """The longest ``Retry-After`` honoured; a source asking for more is waited on this long."""
+    outage_seconds: float = field(default_factory=_outage_budget)
+    """How long a step rides out the warehouse or the broker being away (a restart or failover
+    takes ten to sixty seconds), retrying with backoff, before it fails as transient."""
+
+    def wait_seconds(self, attempt: int, retry_after: float | None = None) -> float:
+        """The wait before attempt ``attempt + 1``."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.retry_after_cap_seconds)
+        delay = min(self.base_delay_seconds * 2 ** (attempt - 1), self.max_delay_seconds)
+        return round(delay * (1 - self.jitter) + delay * self.jitter * random.random(), 3)
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Which business step failed: kept in every retry log line and failure."""
+
+    source: str
+    partition_key: str
+    step: str
+
+    def describe(self) -> str:
+        return f"{self.source} [{self.partition_key}] {self.step}"
+
+
+RETRY_METADATA_KEY = "mostovik/retry"
+
+
+def retry_or_fail(
+    context: OpExecutionContext, step: StepContext, policy: RetryPolicy, exc: Exception
+) -> RetryRequested | Failure:
+    """The exception that ends this attempt of the step: a retry while the failure is transient
+    and the partition has attempts left (recorded, logged with reason, context and wait), else
+    the final failure."""
+    verdict = classify(exc)
+    retries = _retries_before(context, step, policy)
+    outage_waited = sum(r.get("wait_seconds", 0.0) for r in retries if r.get("outage"))
+    attempt = sum(not r.get("outage") for r in retries) + 1
+    if not verdict.transient or policy.max_attempts <= 1:
+        return failure_for(step, verdict, attempt, policy)
+    if verdict.outage:
+        if outage_waited >= policy.outage_seconds:
+            return failure_for(step, verdict, attempt, policy, outage_waited)
+        outages = sum(bool(r.get("outage")) for r in retries) + 1
+        wait = min(policy.wait_seconds(outages), policy.outage_seconds - outage_waited)
+        message = (f"{step.describe()}: {verdict.kind.replace('_', ' ')} ({verdict.reason}); "
+                   f"retrying in {wait:.1f}s, {outage_waited + wait:.0f} s of an outage of up "
+                   f"to {policy.outage_seconds:.0f} s ridden out")
+    elif attempt >= policy.max_attempts:
+        return failure_for(step, verdict, attempt, policy)
+    else:
+        wait = policy.wait_seconds(attempt, verdict.retry_after)
+        message = (f"{step.describe()}: attempt {attempt} of {policy.max_attempts} failed "
+                   f"({verdict.kind}: {verdict.reason}); retrying in {wait:.1f}s")
+    context.log.warning(message)
+    context.log_event(AssetObservation(
+        asset_key=AssetKey(step.source), partition=step.partition_key,
+        description=message,
+        metadata={RETRY_METADATA_KEY: MetadataValue.json({
+            "op": step.step, "attempt": attempt, "max_attempts": policy.max_attempts,
+            "kind": verdict.kind, "reason": verdict.reason, "wait_seconds": wait,
+            "outage": verdict.outage,
+        })},
+    ))
+    # The step restarts whole; its partitions already done are not redone (see the factory).
+    return RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=wait)
+
+
+def _retries_before(context: OpExecutionContext, step: StepContext,
+                    policy: RetryPolicy) -> list[dict]:
+    """The retry records of this partition's step earlier in the run."""
+    if context.retry_number == 0 or policy.max_attempts <= 1:
+        return []
+    records = context.instance.get_records_for_run(
+        context.run_id, of_type=DagsterEventType.ASSET_OBSERVATION).records
+    retries = []
+    for record in records:
+        observation = record.event_log_entry.asset_observation
+        if observation is None or observation.partition != step.partition_key:
+            continue
+        retry = observation.metadata.get(RETRY_METADATA_KEY)
+        if retry is not None and retry.value.get("op") == step.step:
+            retries.append(retry.value)
+    return retries
+
+
+def failure_for(step: StepContext, verdict: Verdict, attempt: int, policy: RetryPolicy,
+                outage_waited: float | None = None) -> Failure:
+    """The final, non-retried failure of a step, with its context as metadata."""
+    if outage_waited is not None:
+        headline = (f"{step.describe()}: {verdict.kind.replace('_', ' ')} for "
+                    f"{outage_waited:.0f} s, past the {policy.outage_seconds:.0f} s a step rides "
+                    f"out ({OUTAGE_SETTING}); nothing of this step was committed")
+    elif verdict.transient:
+        headline = (
+            f"{step.describe()}: source unavailable after {attempt} attempts"
+            if verdict.kind in {"source_unavailable", "rate_limited", "timeout", "network"}
+            else f"{step.describe()}: still failing after {attempt} attempts"
+        )
+    else:
+        headline = f"{step.describe()}: {verdict.kind.replace('_', ' ')}"
+    return Failure(
+        description=f"{headline}: {verdict.reason}",
+        metadata={
+            "mostovik/error_class": verdict.label,
+            "mostovik/error_kind": verdict.kind,
+            "mostovik/source": step.source,
+            "mostovik/partition": step.partition_key,
+            "mostovik/op": step.step,
+            "mostovik/attempt": MetadataValue.int(attempt),
+            "mostovik/max_attempts": MetadataValue.int(policy.max_attempts),
+            "mostovik/cause": verdict.reason,
+        },
+        allow_retries=False,
+    )

@@ -1,0 +1,179 @@
+"""The transform op's work: parse each landed payload into rows and validate them; a paged
+source's pages in groups of ``rows_per_commit`` rows, each group's rows kept on disk."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+
+import pandas as pd
+from dagster import OpExecutionContext
+
+from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
+from mostovik_pipelines.framework.quality.validation import columns_frame, validate_partition
+from mostovik_pipelines.framework.spec import (
+    ParsedRows,
+    PartitionNotAvailable,
+    RejectedRow,
+    SourceSpec,
+    TransformRequest,
+)
+from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
+from mostovik_pipelines.framework.steps.outcomes import (
+    LandedPages,
+    PartitionFailure,
+    PartitionSkipped,
+    TransformedPageGroup,
+    TransformedPages,
+    TransformedPartition,
+    page_cursor,
+)
+from mostovik_pipelines.framework.steps.retries import NO_RETRY, StepContext
+from mostovik_pipelines.resources.landing import LandedPayload
+
+
+def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
+                         landed: LandedPayload | LandedPages
+                         ) -> TransformedPartition | TransformedPages | PartitionSkipped | (
+                             PartitionFailure):
+    if isinstance(landed, LandedPages):
+        return _transform_pages(context, spec, key, landed)
+    landing = getattr(context.resources, LANDING_KEY)
+    try:
+        parsed = spec.transform(TransformRequest(
+            source=spec.name, partition_key=key, content=landing.read(landed),
+            content_type=landed.content_type, fetched_at=landed.fetched_at,
+        ))
+        validated = validate_partition(parsed, spec.load_target, key, spec.max_rejected_share)
+    except PartitionNotAvailable as not_yet:
+        context.log.info(f"{spec.name} [{key}] not available yet: {not_yet}; "
+                         "nothing loaded, a later run will pick it up")
+        return PartitionSkipped(key, f"not available yet: {not_yet}")
+    except Exception as exc:
+        return fail_or_set_aside(context, StepContext(spec.name, key, "transform"), NO_RETRY,
+                                  exc, len(context.partition_keys) > 1)
+    if validated.rejected:
+        context.log.warning(
+            f"{spec.name} [{key}]: {len(validated.rejected)} rows rejected to quarantine, "
+            f"first: row {validated.rejected[0].row_number}: {validated.rejected[0].reason}"
+        )
+    return TransformedPartition(
+        validated.frame, landed, validated.duplicates_dropped, validated.rejected,
+        None if validated.row_numbers is None else tuple(validated.row_numbers.tolist()))
+
+
+def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
+                     landed: LandedPages) -> TransformedPages | PartitionFailure:
+    """Parse every landed page and validate them in groups of ``rows_per_commit`` rows, each
+    group's rows kept on disk for the load: memory holds one group, never the window. Rows are
+    numbered by their place among the items this run received for the window; a quarantined
+    row's reason names its page."""
+    landing = getattr(context.resources, LANDING_KEY)
+    groups: list[TransformedPageGroup] = []
+    group = PageGroup()
+    received = 0
+    digest = hashlib.sha256()
+    for position, page in enumerate(landed.pages, 1):
+        number = page.page or position
+        try:
+            parsed = spec.transform(TransformRequest(
+                source=spec.name, partition_key=key, content=landing.read(page),
+                content_type=page.content_type, fetched_at=page.fetched_at,
+                cursor=page_cursor(page.cursor),
+            ))
+        except Exception as exc:
+            return fail_or_set_aside(
+                context, StepContext(spec.name, key, f"transform (page {number})"), NO_RETRY,
+                exc, len(context.partition_keys) > 1)
+        received = group.add(number, parsed, received)
+        digest.update(page.content_hash.encode())
+        if group.rows < spec.rows_per_commit and position < len(landed.pages):
+            continue
+        pages = f"pages {group.first_page}-{number}" if group.first_page != number else (
+            f"page {number}")
+        try:
+            validated = validate_partition(group.parsed(), spec.load_target, key,
+                                           spec.max_rejected_share)
+        except Exception as exc:
+            return fail_or_set_aside(
+                context, StepContext(spec.name, key, f"transform ({pages})"), NO_RETRY, exc,
+                len(context.partition_keys) > 1)
+        groups.append(TransformedPageGroup(
+            group.first_page, number, landing.keep_frame(page, validated.frame),
+            len(validated.frame), group.on_their_pages(validated.rejected),
+            validated.duplicates_dropped, page.next_cursor))
+        group = PageGroup()
+    if any(g.rejected for g in groups):
+        first = next(r for g in groups for r in g.rejected)
+        context.log.warning(
+            f"{spec.name} [{key}]: {sum(len(g.rejected) for g in groups)} rows rejected to "
+            f"quarantine, first: row {first.row_number}: {first.reason}")
+    return TransformedPages(
+        tuple(groups), landed.resumed_after_page, len(landed.pages),
+        sum(page.size_bytes for page in landed.pages), digest.hexdigest(),
+        landed.pages[0].fetched_at if landed.pages else None)
+
+
+@dataclass
+class PageGroup:
+    """Pages parsed, not yet validated: their rows, row numbers and rejected rows."""
+
+    first_page: int = 0
+    rows: int = 0
+    frames: list = field(default_factory=list)
+    columns: dict[str, list] | None = None
+    """Rows of the latest pages given as columns, not yet a frame: one frame per group."""
+    numbers: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)
+    starts: list = field(default_factory=list)
+    """(first row number, page number) of each page, to tell which page a row came from."""
+
+    def add(self, page: int, parsed, received: int) -> int:
+        """Take a parsed page whose rows are numbered from ``received`` + 1; returns the
+        numbering's next start."""
+        parsed = parsed if isinstance(parsed, ParsedRows) else ParsedRows(parsed)
+        rows = parsed.frame
+        if isinstance(rows, pd.DataFrame):
+            self._columns_to_frame()
+            self.frames.append(rows)
+            count = len(rows)
+        else:
+            if self.columns is not None and list(self.columns) != list(rows):
+                self._columns_to_frame()
+            if self.columns is None:
+                self.columns = {name: [] for name in rows}
+            for name, values in rows.items():
+                self.columns[name].extend(values)
+            count = len(next(iter(rows.values()), ()))
+        local = (list(parsed.row_numbers) if parsed.row_numbers is not None
+                 else list(range(1, count + 1)))
+        self.first_page = self.first_page or page
+        self.rows += count
+        self.numbers += [received + n for n in local]
+        self.rejected += [dataclasses.replace(r, row_number=received + r.row_number)
+                          for r in parsed.rejected]
+        self.starts.append((received + 1, page))
+        return received + max(count + len(parsed.rejected), *local,
+                              *(r.row_number for r in parsed.rejected), 0)
+
+    def _columns_to_frame(self) -> None:
+        if self.columns is not None:
+            self.frames.append(columns_frame(self.columns))
+            self.columns = None
+
+    def parsed(self) -> ParsedRows:
+        self._columns_to_frame()
+        frame = (pd.concat(self.frames, ignore_index=True) if len(self.frames) > 1
+                 else self.frames[0].reset_index(drop=True))
+        return ParsedRows(frame, self.rejected, self.numbers)
+
+    def on_their_pages(self, rejected: tuple[RejectedRow, ...]) -> tuple[RejectedRow, ...]:
+        firsts = [start for start, _ in self.starts]
+
+        def page_of(row: RejectedRow) -> int:
+            return self.starts[max(bisect.bisect_right(firsts, row.row_number) - 1, 0)][1]
+
+        return tuple(dataclasses.replace(row, reason=f"page {page_of(row)}: {row.reason}")
+                     for row in rejected)

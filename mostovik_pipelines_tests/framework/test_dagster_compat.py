@@ -1,0 +1,64 @@
+"""Pins every private Dagster and dagster-celery name of ``dagster_compat``: that it is still
+there and behaves as the project relies on. A Dagster upgrade that breaks one fails here."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import timedelta
+
+from dagster import AssetCheckEvaluation, AssetKey, FreshnessPolicy, MetadataValue
+
+from mostovik_pipelines.framework import dagster_compat as compat
+
+
+def test_a_check_evaluation_names_the_materialisation_it_checked():
+    target = compat.AssetCheckEvaluationTargetMaterializationData(
+        storage_id=7, run_id="run-1", timestamp=1.0)
+    evaluation = AssetCheckEvaluation(asset_key=AssetKey("a"), check_name="c", passed=True,
+                                      partition="2024-01-01", target_materialization_data=target)
+    assert evaluation.target_materialization_data.storage_id == 7
+
+
+def test_freshness_policies_and_states_are_the_classes_and_values_the_alerts_read():
+    assert isinstance(FreshnessPolicy.cron(deadline_cron="0 10 * * *",
+                                           lower_bound_delta=timedelta(hours=1)),
+                      compat.CronFreshnessPolicy)
+    assert isinstance(FreshnessPolicy.time_window(fail_window=timedelta(hours=1)),
+                      compat.TimeWindowFreshnessPolicy)
+    assert compat.FreshnessState.FAIL.value == "FAIL"
+    assert compat.FreshnessState("PASS") is compat.FreshnessState.PASS
+
+
+def test_a_job_of_the_code_location_is_reconstructed_by_module_and_attribute():
+    job = compat.ReconstructableRepository.for_module(
+        "mostovik_pipelines", "defs").get_reconstructable_job("cbr_daily_rates_job")
+    assert job.get_definition().name == "cbr_daily_rates_job"
+
+
+def test_engine_event_data_carries_text_metadata():
+    assert compat.EngineEventData({"host": "h"}).metadata == {"host": MetadataValue.text("h")}
+
+
+def test_retry_modes_read_from_the_executor_config():
+    assert compat.RetryMode.from_config({"enabled": {}}) is compat.RetryMode.ENABLED
+    assert compat.RetryMode.from_config({"disabled": {}}) is compat.RetryMode.DISABLED
+
+
+def test_the_op_output_store_builds_on_the_pickling_filesystem_io_manager(tmp_path):
+    manager = compat.PickledObjectFilesystemIOManager(base_dir=str(tmp_path))
+    assert callable(manager.handle_output) and callable(manager.load_input)
+
+
+def test_the_run_key_tag_is_the_one_sensors_set():
+    assert compat.RUN_KEY_TAG == "dagster/run_key"
+
+
+def test_the_celery_executor_parts_keep_the_signatures_the_watched_executor_calls():
+    config, executor, submit_task, execution_loop = compat.celery_executor_internals()
+    assert set(config) == {"broker", "backend", "include", "config_source", "retries"}
+    assert list(inspect.signature(executor.__init__).parameters) == [
+        "self", "retries", "broker", "backend", "include", "config_source"]
+    assert list(inspect.signature(submit_task).parameters) == [
+        "app", "plan_context", "step", "queue", "priority", "known_state"]
+    assert list(inspect.signature(execution_loop).parameters) == [
+        "job_context", "execution_plan", "step_execution_fn"]
