@@ -193,6 +193,7 @@ def run_in_process(instance: DagsterInstance, source_job: JobDefinition,
     from mostovik_pipelines.framework.runs.claims import hold_run_claim
     from mostovik_pipelines.framework.runs.tags import RANGE_END_TAG, RANGE_START_TAG
     from mostovik_pipelines.framework.runs.tracking import load_job
+    from mostovik_pipelines.sources import ALL_SOURCES
 
     tags = dict(tags or {})
     if len(partitions) > 1:
@@ -205,7 +206,7 @@ def run_in_process(instance: DagsterInstance, source_job: JobDefinition,
             instance=instance, raise_on_error=False, run_id=run_id,
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
-    return load_job(instance, run_id)
+    return load_job(instance, run_id, ALL_SOURCES)
 
 
 SUMMARY_FIGURES = ("inserted", "updated", "unchanged", "deleted", "rejected")
@@ -312,17 +313,18 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
     from datetime import UTC
 
     from mostovik_pipelines.framework.runs.tracking import JobStatus, list_jobs, stuck_jobs
+    from mostovik_pipelines.sources import ALL_SOURCES
 
     _known_source(source)
     instance = _instance()
     if stuck:
-        found = stuck_jobs(instance)
+        found = stuck_jobs(instance, ALL_SOURCES)
     else:
         found = list_jobs(
             instance, source=source, job_type=job_type,
             status=JobStatus(status) if status else None, period_from=period_from,
             period_to=period_to, since=since.replace(tzinfo=UTC) if since else None,
-            limit=limit,
+            limit=limit, sources=ALL_SOURCES,
         )
     if as_json:
         click.echo(json.dumps([job.as_dict() for job in found], indent=1, default=str))
@@ -345,9 +347,10 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
 def jobs_show(run_id: str, as_json: bool) -> None:
     """Everything about one job: status, figures, attempts, context, errors."""
     from mostovik_pipelines.framework.runs.tracking import JobNotFound, load_job
+    from mostovik_pipelines.sources import ALL_SOURCES
 
     try:
-        job = load_job(_instance(), run_id)
+        job = load_job(_instance(), run_id, ALL_SOURCES)
     except JobNotFound as missing:
         _fail(EXIT_NOT_FOUND, str(missing))
     data = job.as_dict()
@@ -405,7 +408,7 @@ def jobs_rerun(run_id: str | None, source: str | None, period: str | None,
                 dynamic_partitions_store=instance):
             _fail(EXIT_USAGE, f"{source} has no period {period!r}")
         new_run_id = rerun_partition(instance, source, period, full_resync=full_resync)
-    job = load_job(instance, new_run_id)
+    job = load_job(instance, new_run_id, ALL_SOURCES)
     click.echo(f"{new_run_id} {job.status.value}")
     if job.status is JobStatus.FAILED:
         sys.exit(EXIT_JOB_FAILED)

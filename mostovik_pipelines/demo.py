@@ -130,7 +130,8 @@ def _run_sample_files(spec: SourceSpec, defs: Definitions, instance: DagsterInst
             run_id = earlier[0].dagster_run.run_id
             click.echo(summary_line(
                 request.partition_key, width, "skipped", {}, run_id,
-                f"not run again: same bytes as this run ({load_job(instance, run_id).status})"))
+                f"not run again: same bytes as this run "
+                f"({load_job(instance, run_id, [spec]).status})"))
             continue
         job = run_in_process(instance, source_job, [request.partition_key],
                              {**request.tags, **launched})

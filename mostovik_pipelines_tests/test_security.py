@@ -32,8 +32,8 @@ from mostovik_pipelines.framework.load import sql as load_sql
 from mostovik_pipelines.framework.load.partition import load_partition
 from mostovik_pipelines.framework.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.framework.quality.quarantine import quarantined_rows, replace_quarantine
+from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.spec import RejectedRow
-from mostovik_pipelines.framework.steps.retries import OUTAGE_SETTING
 from mostovik_pipelines.resources import HttpSourceResource, WarehouseResource
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources import cbr_daily_rates, erp_work_orders

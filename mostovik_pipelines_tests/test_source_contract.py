@@ -14,7 +14,7 @@ from dagster import AssetsDefinition, Definitions, asset, define_asset_job
 
 from mostovik_pipelines.definitions import build_code_location, default_resources, defs
 from mostovik_pipelines.framework.assets.factory import build_source_definitions
-from mostovik_pipelines.framework.steps.retries import NO_RETRY
+from mostovik_pipelines.framework.retries import NO_RETRY
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin.endpoint import discover_endpoints
 from mostovik_pipelines.warehouse.freeze import VERSIONS_DIR

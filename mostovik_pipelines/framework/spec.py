@@ -22,7 +22,7 @@ from dagster import (
 from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from dagster import ConfigurableResource
 
 from mostovik_pipelines.framework.errors import classify
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.resources.http import raise_for_status
 
 WEBHOOK_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=1.0, max_delay_seconds=5.0,

@@ -25,8 +25,8 @@ from dagster import (
 
 from mostovik_pipelines.framework.dagster_compat import PickledObjectFilesystemIOManager
 from mostovik_pipelines.framework.errors import PermanentError, classify
+from mostovik_pipelines.framework.retries import RetryPolicy, StepContext, failure_for
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
-from mostovik_pipelines.framework.steps.retries import RetryPolicy, StepContext, failure_for
 from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV
 
 

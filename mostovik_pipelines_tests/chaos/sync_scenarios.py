@@ -78,10 +78,10 @@ from mostovik_pipelines.framework.assets.resource_keys import (
     source_resource_key,
 )
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.sources import erp_work_orders

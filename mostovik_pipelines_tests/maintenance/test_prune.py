@@ -23,6 +23,7 @@ from mostovik_pipelines.framework.runs.tracking import list_jobs
 from mostovik_pipelines.maintenance.policy import LANDING, OP_OUTPUTS, RUNS, RetentionPolicy
 from mostovik_pipelines.maintenance.prune import plan_prune, prune
 from mostovik_pipelines.resources import LandingStoreResource
+from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
@@ -84,8 +85,9 @@ def _what_an_operator_reads(dagster: DagsterInstance, location) -> dict:
     checks = sorted((str(info.check_key), info.partition_key, info.latest_execution_status.value,
                      info.latest_planned_run_id)
                     for info in storage.get_asset_check_partition_info(check_keys))
-    latest_jobs = {day: list_jobs(dagster, source="cbr_daily_rates", period_from=day,
-                                  period_to=day, limit=1)[0].as_dict() for day in DAYS}
+    latest_jobs = {day: list_jobs(dagster, sources=ALL_SOURCES, source="cbr_daily_rates",
+                                  period_from=day, period_to=day, limit=1)[0].as_dict()
+                   for day in DAYS}
     for job in latest_jobs.values():
         job.pop("duration_seconds")
     return {
@@ -209,7 +211,7 @@ def test_the_daily_prune_job_runs_as_a_job_of_the_code_location(location, dagste
     assert {p.name for p in (tmp_path / "storage").iterdir()} == {runs["failed"]}
     assert dagster.get_run_by_id(result.run_id).status is DagsterRunStatus.SUCCESS
     # It is no source's job: `mostovik jobs list` shows the sources' jobs only.
-    listed = list_jobs(dagster, limit=100)
+    listed = list_jobs(dagster, sources=ALL_SOURCES, limit=100)
     assert len(listed) == len(runs) and result.run_id not in {job.run_id for job in listed}
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
+from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.runs.tracking import load_job
-from mostovik_pipelines.framework.steps.retries import OUTAGE_SETTING
 from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV, RETENTION_GRACE_ENV
+from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import run_environment, start_job_execute
 from mostovik_pipelines_tests.support.warehouse import table_rows
@@ -85,7 +86,7 @@ def test_a_failed_run_reexecutes_inside_the_window_and_not_once_its_outputs_are_
 
     rerun = _mostovik(env, "jobs", "rerun", too_old)
     assert rerun.returncode == 1, rerun.stdout + rerun.stderr
-    job = load_job(DagsterInstance.get(), rerun.stdout.split()[0])
+    job = load_job(DagsterInstance.get(), rerun.stdout.split()[0], ALL_SOURCES)
     said = " ".join([job.errors[0].message, *job.errors[0].causes])
     assert f"run {too_old}" in said and KEEP_FAILED_RUN_OUTPUTS_ENV in said, said
     assert "OpOutputPruned" in said

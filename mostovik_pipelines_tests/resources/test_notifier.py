@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver

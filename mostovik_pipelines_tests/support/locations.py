@@ -13,8 +13,8 @@ from dagster import ConfigurableResource, Definitions
 
 from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.framework.assets.resource_keys import source_resource_key
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import SourceSpec
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.inbox import InboxResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore

@@ -11,7 +11,7 @@ A run takes one partition, or a range of them when the source's backfill policy 
 op then works partition by partition. In a ranged run a partition that fails permanently is set
 aside and the others go on; the run fails at the end, naming the failed partitions, with the
 good ones loaded. A retried step resumes: what its run already landed or loaded is not redone,
-and each partition has a retry budget of its own (:mod:`.retries`).
+and each partition has a retry budget of its own (:mod:`mostovik_pipelines.framework.retries`).
 
 Recovery never goes back in time:
 

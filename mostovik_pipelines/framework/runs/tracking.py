@@ -197,9 +197,10 @@ def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
     )
 
 
-def load_job(instance: DagsterInstance, run_id: str,
-             sources: Sequence[SourceSpec] | None = None) -> Job:
-    """The job behind ``run_id``; :class:`JobNotFound` if run storage has no such run."""
+def load_job(instance: DagsterInstance, run_id: str, sources: Sequence[SourceSpec]) -> Job:
+    """The job behind ``run_id``; :class:`JobNotFound` if run storage has no such run.
+    ``sources``: the code location's declarations (a run's source and partitions are read with
+    them: a UI backfill names its source by asset and its partitions by range)."""
     records = instance.get_run_records(RunsFilter(run_ids=[run_id]), limit=1)
     if not records:
         raise JobNotFound(f"no run {run_id} in run storage")
@@ -210,7 +211,7 @@ def list_jobs(
     instance: DagsterInstance, *, source: str | None = None, job_type: str | None = None,
     status: JobStatus | None = None, period_from: str | None = None,
     period_to: str | None = None, since: datetime | None = None, limit: int = 50,
-    sources: Sequence[SourceSpec] | None = None,
+    sources: Sequence[SourceSpec],
 ) -> list[Job]:
     """Jobs newest first, filtered the way an administrator asks."""
     specs = _specs(sources)
@@ -257,7 +258,7 @@ def _run_statuses(status: JobStatus | None) -> list[DagsterRunStatus] | None:
             if job_status is wanted]
 
 
-def stuck_jobs(instance: DagsterInstance, sources: Sequence[SourceSpec] | None = None,
+def stuck_jobs(instance: DagsterInstance, sources: Sequence[SourceSpec],
                now: datetime | None = None) -> list[Job]:
     """Jobs running longer than their source's expected maximum runtime."""
     specs = _specs(sources)
@@ -279,11 +280,12 @@ def stuck_jobs(instance: DagsterInstance, sources: Sequence[SourceSpec] | None =
 
 
 def latest_job_for(instance: DagsterInstance, source: str, partition: str) -> Job | None:
-    """The newest job of ``source`` for ``partition``, if any."""
+    """The newest job of ``source`` for ``partition``, if any (found by its source and partition
+    tags, so read without the declarations)."""
     records = instance.get_run_records(
         RunsFilter(tags={SOURCE_TAG: source, PARTITION_TAG: partition}), limit=1
     )
-    return _job_from_record(instance, records[0], _specs(None)) if records else None
+    return _job_from_record(instance, records[0], {}) if records else None
 
 
 def _job_from_record(instance: DagsterInstance, record: RunRecord,
@@ -434,11 +436,7 @@ def _partitions_of(run: DagsterRun, spec: SourceSpec | None) -> list[str]:
     return []
 
 
-def _specs(sources: Iterable[SourceSpec] | None) -> dict[str, SourceSpec]:
-    if sources is None:
-        from mostovik_pipelines.sources import ALL_SOURCES
-
-        sources = ALL_SOURCES
+def _specs(sources: Iterable[SourceSpec]) -> dict[str, SourceSpec]:
     return {spec.name: spec for spec in sources}
 
 

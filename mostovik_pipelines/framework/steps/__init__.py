@@ -5,7 +5,6 @@
 * :mod:`.extract`, :mod:`.transform`, :mod:`.load` - each op's work, partition by partition;
 * :mod:`.reexecution` - what a re-execution takes from the runs it repeats;
 * :mod:`.outcomes` - what one step hands to the next, per partition;
-* :mod:`.retries` - the one retry mechanism (transient: retried with backoff; permanent: failed);
 * :mod:`.sync_progress` - a paged partition's progress checkpoint (where a sync resumes).
 
 A run process imports these when its first step starts: loading the code location (a code

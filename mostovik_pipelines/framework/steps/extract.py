@@ -19,11 +19,11 @@ from mostovik_pipelines.framework.errors import (
     PageCursorExpired,
     PermanentError,
 )
+from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.framework.spec import ExtractRequest, PageCursor, RawPayload, SourceSpec
 from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
 from mostovik_pipelines.framework.steps.outcomes import LandedPages, PartitionFailure, page_cursor
-from mostovik_pipelines.framework.steps.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.steps.sync_progress import committed_progress, pages_to_resume
 from mostovik_pipelines.resources.landing import LandedPayload
 

@@ -10,6 +10,13 @@ from collections.abc import Iterator
 from dagster import AssetKey, OpExecutionContext, RetryRequested
 
 from mostovik_pipelines.framework.errors import ConcurrentRunError, classify
+from mostovik_pipelines.framework.retries import (
+    NO_RETRY,
+    RetryPolicy,
+    StepContext,
+    failure_for,
+    retry_or_fail,
+)
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
 from mostovik_pipelines.framework.runs.tags import STATUS_TAG
@@ -19,13 +26,6 @@ from mostovik_pipelines.framework.steps.outcomes import (
     PartitionFailure,
     PartitionSkipped,
     StepOutcomes,
-)
-from mostovik_pipelines.framework.steps.retries import (
-    NO_RETRY,
-    RetryPolicy,
-    StepContext,
-    failure_for,
-    retry_or_fail,
 )
 
 CONCURRENT_RUN_POLL_SECONDS = 3.0

@@ -34,6 +34,7 @@ from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.checks import blocks, evaluate_partition
 from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
 from mostovik_pipelines.framework.quality.validation import row_text
+from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.runs.tags import STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS, completed_or_partial
 from mostovik_pipelines.framework.spec import LoadedPartition, ReceivedRows, RejectedRow, SourceSpec
@@ -46,7 +47,6 @@ from mostovik_pipelines.framework.steps.outcomes import (
     page_cursor,
 )
 from mostovik_pipelines.framework.steps.reexecution import partitions_materialized_by_run
-from mostovik_pipelines.framework.steps.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.steps.sync_progress import committed_progress, save_progress
 
 SHOWN_FAILURES = 5

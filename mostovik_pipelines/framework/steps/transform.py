@@ -13,6 +13,7 @@ from dagster import OpExecutionContext
 
 from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
 from mostovik_pipelines.framework.quality.validation import columns_frame, validate_partition
+from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.spec import (
     ParsedRows,
     PartitionNotAvailable,
@@ -30,7 +31,6 @@ from mostovik_pipelines.framework.steps.outcomes import (
     TransformedPartition,
     page_cursor,
 )
-from mostovik_pipelines.framework.steps.retries import NO_RETRY, StepContext
 from mostovik_pipelines.resources.landing import LandedPayload
 
 

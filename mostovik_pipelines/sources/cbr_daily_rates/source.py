@@ -16,6 +16,7 @@ from dagster import BackfillPolicy, DailyPartitionsDefinition, FreshnessPolicy
 from sqlalchemy import Column, Date, Index, Integer, String, select
 
 from mostovik_pipelines.framework.load_target import LoadMode
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import (
     CheckRequest,
     CheckResult,
@@ -24,7 +25,6 @@ from mostovik_pipelines.framework.spec import (
     SourceSchedule,
     SourceSpec,
 )
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.cbr_daily_rates.parse import (

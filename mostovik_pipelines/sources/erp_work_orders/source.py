@@ -17,8 +17,8 @@ from dagster import BackfillPolicy, DailyPartitionsDefinition, EnvVar, Freshness
 from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Index, String, Text
 
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import JobType, SourceSchedule, SourceSpec
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.erp_work_orders.parse import STATUSES, TIMEZONE, extract, transform

@@ -12,8 +12,8 @@ from sqlalchemy import Column, Date, Index, Integer, String
 
 from mostovik_pipelines.framework.assets.inbox_sensor import new_file_versions_sensor
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import JobType, LoadedPartition, SourceSpec
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
 from mostovik_pipelines.settings import data_dir, setting
 from mostovik_pipelines.sources.material_deliveries.parse import MAX_FILE_BYTES, extract, transform

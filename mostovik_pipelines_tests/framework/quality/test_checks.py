@@ -17,7 +17,7 @@ from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
 from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
 from mostovik_pipelines.framework.spec import CheckResult, PartitionCheck, RejectedRow
 from mostovik_pipelines.resources.warehouse import warehouse_engine
-from mostovik_pipelines.sources import cbr_daily_rates, erp_work_orders
+from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates, erp_work_orders
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.runs import load_metadata, run_partition, step_failure_message
@@ -92,7 +92,7 @@ def test_a_missing_expected_currency_warns_and_the_job_stays_partial(
         ("currencies_present_and_positive", PARTITION)]
     assert not currencies.passed and currencies.severity is AssetCheckSeverity.WARN
     assert currencies.description == "expected currencies missing: USD"
-    assert load_job(instance, result.run_id).status is JobStatus.PARTIAL
+    assert load_job(instance, result.run_id, ALL_SOURCES).status is JobStatus.PARTIAL
 
 
 @pytest.mark.parametrize("ranged", [False, True])

@@ -14,6 +14,7 @@ from dagster._core.utils import make_new_run_id
 
 from mostovik_pipelines.framework.runs.tracking import JobStatus, list_jobs, load_job, stuck_jobs
 from mostovik_pipelines.resources.warehouse import warehouse_engine
+from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
 from mostovik_pipelines_tests.support.warehouse import quarantined_by_run
@@ -41,7 +42,7 @@ def warehouse_url(pg_warehouse_url):
 
 def test_a_clean_run_is_a_completed_job_with_its_figures(cbr_job, run_storage):
     result = run_partition(cbr_job, PARTITION, run_storage)
-    job = load_job(run_storage, result.run_id)
+    job = load_job(run_storage, result.run_id, ALL_SOURCES)
     assert (job.source, job.job_type, job.partitions) == ("cbr_daily_rates", "parser",
                                                          [PARTITION])
     assert (job.status, job.result, job.run_status) == (JobStatus.COMPLETED, "success", "SUCCESS")
@@ -58,7 +59,7 @@ def test_a_clean_run_is_a_completed_job_with_its_figures(cbr_job, run_storage):
 def test_a_run_with_quarantined_rows_is_partial(cbr_job, run_storage, standin, warehouse_url):
     standin.change_cbr_rates(PARTITION, set_values={"EUR": "broken"})
     result = run_partition(cbr_job, PARTITION, run_storage)
-    job = load_job(run_storage, result.run_id)
+    job = load_job(run_storage, result.run_id, ALL_SOURCES)
     assert (job.status, job.result) == (JobStatus.PARTIAL, "partial")
     assert job.totals["rejected"] == 1 and job.totals["inserted"] == 11
     [row] = quarantined_by_run(warehouse_engine(warehouse_url), result.run_id)
@@ -68,7 +69,7 @@ def test_a_run_with_quarantined_rows_is_partial(cbr_job, run_storage, standin, w
 def test_a_permanent_failure_is_a_failed_job_with_its_error(cbr_job, run_storage, standin):
     standin.fault("status", status=404)
     result = run_partition(cbr_job, PARTITION, run_storage)
-    job = load_job(run_storage, result.run_id)
+    job = load_job(run_storage, result.run_id, ALL_SOURCES)
     assert (job.status, job.result) == (JobStatus.FAILED, "error")
     [error] = job.errors
     assert error.op == "extract_cbr_daily_rates"
@@ -79,7 +80,7 @@ def test_a_permanent_failure_is_a_failed_job_with_its_error(cbr_job, run_storage
 
 def test_retries_show_as_attempts(cbr_job, run_storage, standin):
     standin.fault("status", status=503, times=2)
-    job = load_job(run_storage, run_partition(cbr_job, PARTITION, run_storage).run_id)
+    job = load_job(run_storage, run_partition(cbr_job, PARTITION, run_storage).run_id, ALL_SOURCES)
     assert job.status is JobStatus.COMPLETED
     assert job.attempts["extract_cbr_daily_rates"] == 3
 
@@ -93,20 +94,25 @@ def test_a_queued_run_is_a_pending_job(cbr_job, run_storage):
         job_name=cbr_job.name, run_id=make_new_run_id(), status=DagsterRunStatus.QUEUED,
         tags={**cbr_job.tags, "dagster/partition": PARTITION}, remote_job_origin=origin,
     ))
-    job = load_job(run_storage, run.run_id)
+    job = load_job(run_storage, run.run_id, ALL_SOURCES)
     assert job.status is JobStatus.PENDING and job.result is None
-    assert [j.run_id for j in list_jobs(run_storage, status=JobStatus.PENDING)] == [run.run_id]
+    assert [j.run_id for j in jobs(run_storage, status=JobStatus.PENDING)] == [run.run_id]
+
+
+def jobs(run_storage, **filters):
+    """``mostovik jobs list`` as the code location's sources read it."""
+    return list_jobs(run_storage, sources=ALL_SOURCES, **filters)
 
 
 def test_jobs_are_listed_newest_first_and_filtered(cbr_job, run_storage, standin):
     first = run_partition(cbr_job, "2026-11-03", run_storage).run_id
     standin.fault("status", status=404)
     second = run_partition(cbr_job, PARTITION, run_storage).run_id
-    assert [j.run_id for j in list_jobs(run_storage)] == [second, first]
-    assert [j.run_id for j in list_jobs(run_storage, status=JobStatus.FAILED)] == [second]
-    assert [j.run_id for j in list_jobs(run_storage, period_from="2026-11-04")] == [second]
-    assert [j.run_id for j in list_jobs(run_storage, period_to="2026-11-03")] == [first]
-    assert list_jobs(run_storage, job_type="sync") == []
+    assert [j.run_id for j in jobs(run_storage)] == [second, first]
+    assert [j.run_id for j in jobs(run_storage, status=JobStatus.FAILED)] == [second]
+    assert [j.run_id for j in jobs(run_storage, period_from="2026-11-04")] == [second]
+    assert [j.run_id for j in jobs(run_storage, period_to="2026-11-03")] == [first]
+    assert jobs(run_storage, job_type="sync") == []
     # The UI's run list filters by the same tags.
     tagged = run_storage.get_runs(RunsFilter(tags={"mostovik/source": "cbr_daily_rates",
                                                    "dagster/partition": PARTITION}))
@@ -118,7 +124,7 @@ def test_a_run_started_long_ago_and_still_running_is_stuck(cbr_job, run_storage)
         job_def=cbr_job, status=DagsterRunStatus.STARTED,
         tags={**cbr_job.tags, "dagster/partition": PARTITION, "dagster/max_runtime": "0"},
     )
-    assert [j.run_id for j in stuck_jobs(run_storage)] == [run.run_id]
+    assert [j.run_id for j in stuck_jobs(run_storage, ALL_SOURCES)] == [run.run_id]
 
 
 def test_a_queued_ui_asset_backfill_run_is_found_by_its_source_before_it_starts(run_storage):
@@ -134,7 +140,7 @@ def test_a_queued_ui_asset_backfill_run_is_found_by_its_source_before_it_starts(
         asset_selection=frozenset({AssetKey("cbr_daily_rates")}), remote_job_origin=origin,
         tags={"dagster/backfill": "abcdefgh", "dagster/partition": PARTITION},
     ))
-    found = list_jobs(run_storage, source="cbr_daily_rates")
+    found = jobs(run_storage, source="cbr_daily_rates")
     assert [j.run_id for j in found] == [run.run_id]
     assert found[0].status is JobStatus.PENDING and found[0].launched_by == "backfill abcdefgh"
 
@@ -151,7 +157,7 @@ def test_the_run_writes_its_adr_status_as_a_tag_and_lists_read_it(
             for r in (clean, partial, failed)}
     assert tags == {clean.run_id: "completed", partial.run_id: "partial",
                     failed.run_id: "failed"}
-    listed = {j.run_id: j.status.value for j in list_jobs(run_storage)}
+    listed = {j.run_id: j.status.value for j in jobs(run_storage)}
     assert listed == tags
 
 
@@ -206,7 +212,7 @@ def test_a_single_partition_run_stopped_for_a_concurrent_run_is_partial(
         tags={**job.tags, "dagster/partition": PARTITION}))
     result = run_partition(job, PARTITION, run_storage)
     assert result.success
-    stopped = load_job(run_storage, result.run_id)
+    stopped = load_job(run_storage, result.run_id, ALL_SOURCES)
     assert stopped.status is JobStatus.PARTIAL
     assert older.run_id in stopped.left_out[PARTITION]
     assert run_storage.get_run_by_id(result.run_id).tags["mostovik/status"] == "partial"
@@ -221,7 +227,7 @@ def test_each_step_reports_where_it_ran_as_an_event_not_a_run_tag(cbr_job, run_s
     assert not [tag for tag in tags if tag.startswith(
         ("mostovik/host", "mostovik/pid", "mostovik/executor", "mostovik/celery_task"))]
     here = f"{socket.gethostname()} pid {os.getpid()}"
-    for job in (load_job(run_storage, result.run_id), list_jobs(run_storage)[0]):
+    for job in (load_job(run_storage, result.run_id, ALL_SOURCES), jobs(run_storage)[0]):
         assert job.processes == {op: here for op in (
             "extract_cbr_daily_rates", "transform_cbr_daily_rates", "load_cbr_daily_rates")}
         assert job.executor == "in_process" and job.celery_tasks == {}

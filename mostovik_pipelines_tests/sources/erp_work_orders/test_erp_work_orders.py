@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
+from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.framework.runs.tracking import load_job
-from mostovik_pipelines.framework.steps.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.resources import LandingStoreResource
-from mostovik_pipelines.sources import erp_work_orders
+from mostovik_pipelines.sources import ALL_SOURCES, erp_work_orders
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import (
@@ -162,11 +162,11 @@ def test_figures_show_new_updated_unchanged_older_and_tombstoned(
     erp_job, erp, warehouse_url, instance
 ):
     first = run_partition(erp_job, "2026-11-03", instance)
-    figures = load_job(instance, first.run_id).per_partition["2026-11-03"]
+    figures = load_job(instance, first.run_id, ALL_SOURCES).per_partition["2026-11-03"]
     assert (figures["inserted"], figures["pages"]) == (120, 2)
     erp.update_erp_work_order("WO-20261103-000001", _at("2026-11-03", 23, 30), amount="5.00")
     erp.delete_erp_work_order("WO-20261103-000002", _at("2026-11-03", 23, 40))
-    again = load_job(instance, run_partition(erp_job, "2026-11-03", instance).run_id)
+    again = load_job(instance, run_partition(erp_job, "2026-11-03", instance).run_id, ALL_SOURCES)
     figures = again.per_partition["2026-11-03"]
     assert figures["updated"] == 2 and figures["tombstoned"] == 1
     assert figures["unchanged"] == 118

@@ -16,7 +16,7 @@ from dagster import (
 )
 
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
-from mostovik_pipelines.framework.steps.retries import RETRY_METADATA_KEY, RetryPolicy
+from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY, RetryPolicy
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.warehouse import migrate
