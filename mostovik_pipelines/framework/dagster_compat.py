@@ -16,7 +16,6 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.definitions.freshness import (
     CronFreshnessPolicy,
-    FreshnessState,
     TimeWindowFreshnessPolicy,
 )
 from dagster._core.definitions.reconstruct import ReconstructableRepository
@@ -30,7 +29,6 @@ __all__ = [
     "AssetCheckEvaluationTargetMaterializationData",
     "CronFreshnessPolicy",
     "EngineEventData",
-    "FreshnessState",
     "PickledObjectFilesystemIOManager",
     "ReconstructableRepository",
     "RetryMode",

@@ -9,6 +9,7 @@ from datetime import timedelta
 from dagster import AssetCheckEvaluation, AssetKey, FreshnessPolicy, MetadataValue
 
 from mostovik_pipelines.framework import dagster_compat as compat
+from mostovik_pipelines.framework.runs.alerts import FRESHNESS_FAILED
 
 
 def test_a_check_evaluation_names_the_materialisation_it_checked():
@@ -25,8 +26,9 @@ def test_freshness_policies_and_states_are_the_classes_and_values_the_alerts_rea
                       compat.CronFreshnessPolicy)
     assert isinstance(FreshnessPolicy.time_window(fail_window=timedelta(hours=1)),
                       compat.TimeWindowFreshnessPolicy)
-    assert compat.FreshnessState.FAIL.value == "FAIL"
-    assert compat.FreshnessState("PASS") is compat.FreshnessState.PASS
+    from dagster._core.definitions.freshness import FreshnessState
+
+    assert FreshnessState.FAIL.value == FRESHNESS_FAILED
 
 
 def test_a_job_of_the_code_location_is_reconstructed_by_module_and_attribute():

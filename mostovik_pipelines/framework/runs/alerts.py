@@ -39,7 +39,6 @@ from dagster import (
 
 from mostovik_pipelines.framework.dagster_compat import (
     CronFreshnessPolicy,
-    FreshnessState,
     TimeWindowFreshnessPolicy,
 )
 from mostovik_pipelines.framework.runs.tags import STATUS_TAG
@@ -51,6 +50,9 @@ from mostovik_pipelines.settings import setting
 ALERT_NOTIFIER_KEY = "alert_notifier"
 ALERT_INTERVAL_SECONDS = int(setting("MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS", "15"))
 """Seconds between two looks for failed or cancelled runs and overdue assets."""
+FRESHNESS_FAILED = "FAIL"
+"""The freshness state (read by value: Dagster 1.13 exports no ``FreshnessState``) in which a
+source's data is older than its policy allows."""
 WILL_RETRY_TAG = "dagster/will_retry"
 """Set by Dagster on a failed run: whether the daemon's run retries will run it again."""
 
@@ -132,7 +134,7 @@ def _freshness_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
         for key, record in records.items():
             name = key.to_user_string()
             changed_at = record.updated_at.timestamp()
-            if record.freshness_state is not FreshnessState.FAIL or (
+            if record.freshness_state.value != FRESHNESS_FAILED or (
                     alerted.get(name, 0.0) >= changed_at):
                 continue
             spec = watched[name]

@@ -19,8 +19,8 @@ from dagster import DailyPartitionsDefinition
 from sqlalchemy import Column, Date, Integer
 
 from mostovik_pipelines.framework.load_target import LoadMode
+from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import JobType, SourceSchedule, SourceSpec
-from mostovik_pipelines.framework.steps.retries import RetryPolicy
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.cbr_metal_prices.parse import fetch_metal_prices, parse_metal_prices
