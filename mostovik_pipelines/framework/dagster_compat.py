@@ -9,6 +9,7 @@ pinned by ``test_dagster_daemon.py``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
@@ -34,6 +35,7 @@ __all__ = [
     "RetryMode",
     "TimeWindowFreshnessPolicy",
     "celery_executor_internals",
+    "run_event_log_dir",
 ]
 
 
@@ -45,3 +47,18 @@ def celery_executor_internals() -> tuple[Any, Any, Any, Any]:
     from dagster_celery.executor import _submit_task as submit_task
 
     return CELERY_CONFIG, CeleryExecutor, submit_task, core_celery_execution_loop
+
+
+
+def run_event_log_dir(instance: Any) -> Path | None:
+    """Where the event log keeps one SQLite database per run (the local instance:
+    ``<storage>/history/runs/<run_id>.db``, with ``-wal``/``-shm`` beside it while open, and the
+    ``index.db`` of every run), files that Dagster's ``delete_events`` empties but never
+    removes; ``None`` for an event log with no files per run (PostgreSQL, a consolidated
+    SQLite)."""
+    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+    storage = instance.event_log_storage
+    if not isinstance(storage, SqliteEventLogStorage):
+        return None
+    return Path(storage.path_for_shard("index")).parent

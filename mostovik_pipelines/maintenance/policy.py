@@ -18,7 +18,9 @@ from mostovik_pipelines.settings import (
 OP_OUTPUTS = "op outputs"
 LANDING = "landing"
 RUNS = "runs"
-STORES = (OP_OUTPUTS, LANDING, RUNS)
+EVENT_LOG_FILES = "event log files"
+"""A local (SQLite) instance's files of runs that are gone; none in production (PostgreSQL)."""
+STORES = (OP_OUTPUTS, LANDING, RUNS, EVENT_LOG_FILES)
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ class PruneReport:
 
     def lines(self) -> list[str]:
         verb = "would remove" if self.dry_run else "removed"
-        units = {OP_OUTPUTS: "run directories", LANDING: "files", RUNS: "runs"}
+        units = {OP_OUTPUTS: "run directories", LANDING: "files", RUNS: "runs",
+                 EVENT_LOG_FILES: "files of runs no longer in run storage"}
         return [f"{store}: {verb} {self.counts[store]} {units[store]}"
                 + (f", {self.size_bytes[store]} bytes" if store != RUNS else
                    " with their event logs") for store in STORES]

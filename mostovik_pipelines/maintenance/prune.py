@@ -6,8 +6,10 @@ removal in this order:
 1. op outputs (whole run directories, each renamed aside before it is deleted);
 2. landing fetch records, then the blobs no remaining record points to: a record is never left
    pointing to a missing blob, whatever point a prune is killed at; then stale frames;
-3. runs: captured logs, events, then the run record, last, since the file rules read run
-   storage to know what a recovery path may still use.
+3. runs: captured logs, events, the event log's files of the run (a local SQLite instance keeps
+   one per run), then the run record, last, since the file rules read run storage to know what
+   a recovery path may still use;
+4. event log files of runs run storage no longer has (deleted by hand, or by an older prune).
 
 A prune killed half way leaves only things a complete prune would also remove or keep, so the
 next one ends where one clean prune would have; a second prune finds nothing to remove. A prune
@@ -31,7 +33,7 @@ from mostovik_pipelines.maintenance.files import (
     unreferenced_blobs,
 )
 from mostovik_pipelines.maintenance.policy import PruneReport, Removal, RetentionPolicy
-from mostovik_pipelines.maintenance.runs import RunFacts, old_runs
+from mostovik_pipelines.maintenance.runs import RunFacts, old_runs, orphaned_event_log_files
 
 
 def plan_prune(instance: DagsterInstance, *, landing_dir: Path, op_output_dir: Path,
@@ -46,6 +48,7 @@ def plan_prune(instance: DagsterInstance, *, landing_dir: Path, op_output_dir: P
         *unreferenced_blobs(landing_dir, {removal.target for removal in records}, policy, now),
         *stale_frames(landing_dir, facts, policy, now),
         *old_runs(instance, facts, policy, now, check_keys),
+        *orphaned_event_log_files(instance, facts, policy, now),
     ]
 
 

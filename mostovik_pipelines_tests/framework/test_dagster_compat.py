@@ -6,7 +6,15 @@ from __future__ import annotations
 import inspect
 from datetime import timedelta
 
-from dagster import AssetCheckEvaluation, AssetKey, FreshnessPolicy, MetadataValue
+from dagster import (
+    AssetCheckEvaluation,
+    AssetKey,
+    DagsterInstance,
+    FreshnessPolicy,
+    MetadataValue,
+    job,
+    op,
+)
 
 from mostovik_pipelines.framework import dagster_compat as compat
 from mostovik_pipelines.framework.runs.alerts import FRESHNESS_FAILED
@@ -64,3 +72,22 @@ def test_the_celery_executor_parts_keep_the_signatures_the_watched_executor_call
         "app", "plan_context", "step", "queue", "priority", "known_state"]
     assert list(inspect.signature(execution_loop).parameters) == [
         "job_context", "execution_plan", "step_execution_fn"]
+
+
+def test_a_local_instance_keeps_a_file_per_run_that_deleting_its_events_leaves(tmp_path):
+    @op
+    def step():
+        return 1
+
+    @job
+    def one_step():
+        step()
+
+    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+        run_id = one_step.execute_in_process(instance=instance).run_id
+        shards = compat.run_event_log_dir(instance)
+        assert (shards / f"{run_id}.db").is_file() and (shards / "index.db").is_file()
+        instance.event_log_storage.delete_events(run_id)
+        assert not instance.all_logs(run_id) and (shards / f"{run_id}.db").is_file()
+    with DagsterInstance.ephemeral() as instance:
+        assert compat.run_event_log_dir(instance) is None

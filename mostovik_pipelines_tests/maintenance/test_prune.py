@@ -19,8 +19,15 @@ from dagster import (
     DagsterRunStatus,
 )
 
+from mostovik_pipelines.framework.dagster_compat import run_event_log_dir
 from mostovik_pipelines.framework.runs.tracking import list_jobs
-from mostovik_pipelines.maintenance.policy import LANDING, OP_OUTPUTS, RUNS, RetentionPolicy
+from mostovik_pipelines.maintenance.policy import (
+    EVENT_LOG_FILES,
+    LANDING,
+    OP_OUTPUTS,
+    RUNS,
+    RetentionPolicy,
+)
 from mostovik_pipelines.maintenance.prune import plan_prune, prune
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES
@@ -106,6 +113,13 @@ def _stores(tmp_path: Path, dagster: DagsterInstance) -> tuple[set[str], set[str
     return files, {record.dagster_run.run_id for record in dagster.get_run_records()}
 
 
+def _runs_with_event_log_files(dagster: DagsterInstance) -> set[str] | None:
+    shards = run_event_log_dir(dagster)
+    if shards is None:
+        return None
+    return {path.name.partition(".db")[0] for path in shards.iterdir()} - {"index"}
+
+
 def _prune(dagster, location, tmp_path, now, **kwargs):
     return prune(dagster, landing_dir=tmp_path / "landing", op_output_dir=tmp_path / "storage",
                  check_keys=list(location.resolve_asset_graph().asset_check_keys),
@@ -134,6 +148,8 @@ def test_a_prune_a_year_on_keeps_every_partitions_present_and_removes_the_rest(
     files_after, runs_after = _stores(tmp_path, dagster)
     assert runs_before - runs_after == {runs[DAYS[0]]} and files_after < files_before
     assert report.counts[RUNS] == 1 and report.counts[OP_OUTPUTS] == len(runs)
+    # A local instance's event log keeps a file per run: the deleted run's went with it.
+    assert _runs_with_event_log_files(dagster) in (None, runs_after)
     # Of the landed payloads, the older fetch of the first day went (its bytes stay: the newer
     # fetch got the same) and of the last day (record and blob); each
     # partition's latest stays, whole, and reuse_landed re-transforms it.
@@ -185,6 +201,27 @@ def test_a_prune_stopped_half_way_then_run_again_ends_where_one_clean_prune_does
                            if not any(f == t or f.startswith(t + "/") for t in removed)}
     assert _what_an_operator_reads(dagster, location) == before
     assert not _prune(dagster, location, tmp_path, later).removed_anything
+
+
+def test_a_run_deleted_by_hand_leaves_a_file_that_a_prune_removes_after_the_grace(
+    location, standin, tmp_path
+):
+    """``dagster run delete`` empties a local instance's file of the run and leaves it (124 KiB
+    each): a prune removes it once it is older than the grace."""
+    with DagsterInstance.from_config(str(local_dagster_home(tmp_path))) as dagster:
+        runs = _history(location, dagster, standin)
+        dagster.delete_run(runs[DAYS[1]])
+        left = sorted(run_event_log_dir(dagster).glob(f"{runs[DAYS[1]]}.db*"))
+        assert left
+        now = datetime.now(UTC)
+        assert _prune(dagster, location, tmp_path, now).counts[EVENT_LOG_FILES] == 0
+        assert all(path.exists() for path in left)
+        report = _prune(dagster, location, tmp_path, now + timedelta(days=2))
+        assert report.counts[EVENT_LOG_FILES] == len(left)
+        assert report.size_bytes[EVENT_LOG_FILES] > 0
+        assert not any(path.exists() for path in left)
+        assert _runs_with_event_log_files(dagster) == _stores(tmp_path, dagster)[1]
+        assert not _prune(dagster, location, tmp_path, now + timedelta(days=2)).removed_anything
 
 
 def test_within_the_windows_a_prune_keeps_a_failed_runs_outputs_and_every_run(
