@@ -37,7 +37,8 @@ def extract(context: OpExecutionContext, spec: SourceSpec, reuse_landed: bool,
         return StepOutcomes(context.run_id, outcomes)
 
 
-def transform(context: OpExecutionContext, spec: SourceSpec, extracted) -> StepOutcomes:
+def transform(context: OpExecutionContext, spec: SourceSpec,
+              extracted: StepOutcomes) -> StepOutcomes:
     """Parse and validate what extract landed; a re-execution's first step lands it again."""
     with running_step(context, spec):
         if inherited(context, extracted):
@@ -53,7 +54,7 @@ def transform(context: OpExecutionContext, spec: SourceSpec, extracted) -> StepO
         return StepOutcomes(context.run_id, outcomes)
 
 
-def load(context: OpExecutionContext, spec: SourceSpec, transformed) -> str:
+def load(context: OpExecutionContext, spec: SourceSpec, transformed: StepOutcomes) -> str:
     """Load and check every partition transform validated; the job's status and figures."""
     with running_step(context, spec):
         if inherited(context, transformed):
