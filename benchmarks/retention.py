@@ -267,9 +267,9 @@ def retention_table(r: RetentionFigures, checks: list[tuple[bool, str]]) -> list
         f"{last.op_outputs / partitions / 1024:.1f} KiB, instance "
         f"{last.instance / partitions / 1024:.1f} KiB ({partitions:,} partitions)",
         *(f"  prune {label}: {'; '.join(report)}" for label, _f, _s, report in r.after),
-        "  bytes: allocated on disk. The instance's SQLite files keep their size after rows are",
-        "  deleted (freed pages are reused; VACUUM would return them), and Dagster empties a",
-        "  run's event-log file rather than deleting it.",
+        "  bytes: allocated on disk. The instance's shared SQLite files (index, runs) keep their",
+        "  size after rows are deleted (freed pages are reused; VACUUM would return them); a",
+        "  deleted run's own event-log file is removed with it.",
     ]
     year_on = r.after[0][1]
     checks.append((year_on.landing < r.before.landing and year_on.op_outputs == 0,
