@@ -83,7 +83,8 @@ def test_a_local_instance_keeps_a_file_per_run_that_deleting_its_events_leaves(t
     def one_step():
         step()
 
-    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+    with DagsterInstance.local_temp(str(tmp_path),
+                                    overrides={"telemetry": {"enabled": False}}) as instance:
         run_id = one_step.execute_in_process(instance=instance).run_id
         shards = compat.run_event_log_dir(instance)
         assert (shards / f"{run_id}.db").is_file() and (shards / "index.db").is_file()
