@@ -37,6 +37,8 @@ from mostovik_pipelines.maintenance.policy import (
 FINISHED = frozenset({DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE,
                       DagsterRunStatus.CANCELED})
 FETCH_BATCH = 500
+SHARD_SUFFIXES = ("", "-wal", "-shm")
+"""A SQLite database and, while it is open, its write-ahead log and shared memory."""
 INDEX_SHARD = "index"
 """The SQLite event log's index of every run (``index.db``), beside the files per run."""
 
@@ -166,9 +168,9 @@ def orphaned_event_log_files(instance: DagsterInstance, facts: RunFacts,
     cutoff = (now - policy.grace).timestamp()
     removals = []
     for path in sorted(shards.iterdir()):
-        run_id = path.name.partition(".db")[0]
-        if (path.name not in {f.name for f in _shard_files(shards, run_id)}
-                or run_id == INDEX_SHARD or run_id in facts.records):
+        run_id, dot, suffix = path.name.partition(".db")
+        if (not dot or suffix not in SHARD_SUFFIXES or run_id == INDEX_SHARD
+                or run_id in facts.records):
             continue
         stat = path.stat()
         if stat.st_mtime < cutoff:
@@ -178,7 +180,7 @@ def orphaned_event_log_files(instance: DagsterInstance, facts: RunFacts,
 
 
 def _shard_files(shards: Path, run_id: str) -> list[Path]:
-    return [shards / f"{run_id}.db{suffix}" for suffix in ("", "-wal", "-shm")]
+    return [shards / f"{run_id}.db{suffix}" for suffix in SHARD_SUFFIXES]
 
 
 def _run_ids(fetch, asset_key: AssetKey, storage_ids: Iterable[int]) -> set[str]:

@@ -31,6 +31,7 @@ from mostovik_pipelines.maintenance.policy import (
 from mostovik_pipelines.maintenance.prune import plan_prune, prune
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES
+from mostovik_pipelines_tests.support.instances import runs_with_event_log_files
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
@@ -113,13 +114,6 @@ def _stores(tmp_path: Path, dagster: DagsterInstance) -> tuple[set[str], set[str
     return files, {record.dagster_run.run_id for record in dagster.get_run_records()}
 
 
-def _runs_with_event_log_files(dagster: DagsterInstance) -> set[str] | None:
-    shards = run_event_log_dir(dagster)
-    if shards is None:
-        return None
-    return {path.name.partition(".db")[0] for path in shards.iterdir()} - {"index"}
-
-
 def _prune(dagster, location, tmp_path, now, **kwargs):
     return prune(dagster, landing_dir=tmp_path / "landing", op_output_dir=tmp_path / "storage",
                  check_keys=list(location.resolve_asset_graph().asset_check_keys),
@@ -149,7 +143,7 @@ def test_a_prune_a_year_on_keeps_every_partitions_present_and_removes_the_rest(
     assert runs_before - runs_after == {runs[DAYS[0]]} and files_after < files_before
     assert report.counts[RUNS] == 1 and report.counts[OP_OUTPUTS] == len(runs)
     # A local instance's event log keeps a file per run: the deleted run's went with it.
-    assert _runs_with_event_log_files(dagster) in (None, runs_after)
+    assert runs_with_event_log_files(dagster) in (None, runs_after)
     # Of the landed payloads, the older fetch of the first day went (its bytes stay: the newer
     # fetch got the same) and of the last day (record and blob); each
     # partition's latest stays, whole, and reuse_landed re-transforms it.
@@ -220,7 +214,7 @@ def test_a_run_deleted_by_hand_leaves_a_file_that_a_prune_removes_after_the_grac
         assert report.counts[EVENT_LOG_FILES] == len(left)
         assert report.size_bytes[EVENT_LOG_FILES] > 0
         assert not any(path.exists() for path in left)
-        assert _runs_with_event_log_files(dagster) == _stores(tmp_path, dagster)[1]
+        assert runs_with_event_log_files(dagster) == _stores(tmp_path, dagster)[1]
         assert not _prune(dagster, location, tmp_path, now + timedelta(days=2)).removed_anything
 
 

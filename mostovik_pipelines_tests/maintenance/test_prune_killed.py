@@ -34,6 +34,7 @@ from mostovik_pipelines.settings import (
     RETENTION_GRACE_ENV,
     STORAGE_DIR_ENV,
 )
+from mostovik_pipelines_tests.support.instances import runs_with_event_log_files
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
@@ -104,7 +105,8 @@ def _old_records(work_dir: Path) -> int:
 
 def _state(work_dir: Path, copied_from: Path | None = None) -> dict:
     """What the prune may change: files (bytes, with the paths fetch records hold made
-    relative), captured logs, runs, and what run storage says about each partition."""
+    relative), captured logs, runs and their event-log files, and what run storage says about
+    each partition."""
     files = {}
     for store in ("landing", "storage"):
         for path in (work_dir / store).rglob("*"):
@@ -121,6 +123,7 @@ def _state(work_dir: Path, copied_from: Path | None = None) -> dict:
             "files": files,
             "captured_logs": logs,
             "runs": sorted(record.dagster_run.run_id for record in instance.get_run_records()),
+            "event_log_files": runs_with_event_log_files(instance),
             "materialized": instance.get_materialized_partitions(ASSET),
             "latest": dict(instance.get_latest_storage_id_by_partition(
                 ASSET, DagsterEventType.ASSET_MATERIALIZATION)),
@@ -165,6 +168,7 @@ def test_a_prune_killed_half_way_then_run_again_ends_where_one_clean_prune_does(
     _prune(_environment(clean, sqlite_warehouse_url, standin_server.cbr_url))
     once = _state(clean, copied_from=killed)
     assert once["runs"] == sorted(set(before["runs"]) - {superseded})
+    assert once["event_log_files"] == set(once["runs"])
     assert _old_records(clean) == 0 and not list((clean / "storage").iterdir())
 
     env = _environment(killed, sqlite_warehouse_url, standin_server.cbr_url)

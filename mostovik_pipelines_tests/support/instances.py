@@ -11,6 +11,7 @@ import psycopg
 import yaml
 from dagster import DagsterInstance
 
+from mostovik_pipelines.framework.dagster_compat import run_event_log_dir
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,3 +51,12 @@ def create_instance_storage(home: Path, environment: Mapping[str, str]) -> None:
     ``CREATE TABLE``."""
     with mock.patch.dict(os.environ, environment):
         DagsterInstance.from_config(str(home)).dispose()
+
+
+def runs_with_event_log_files(instance: DagsterInstance) -> set[str] | None:
+    """The runs a local (SQLite) instance keeps an event-log file of (``<run>.db`` and its
+    ``-wal``/``-shm``); ``None`` for an instance with no file per run (PostgreSQL)."""
+    shards = run_event_log_dir(instance)
+    if shards is None:
+        return None
+    return {path.name.partition(".db")[0] for path in shards.iterdir()} - {"index"}
