@@ -1,6 +1,8 @@
 """The retention prune on a real SQLite Dagster instance after real runs of the CBR job: what an
 operator reads about every partition is the same after a prune, what is removed is what the
-policy says, and a prune stopped half way or run twice ends where one clean prune does."""
+policy says, and a prune stopped half way or run twice ends where one clean prune does. The
+tests that remove files run with the stores on a local disk and on object storage mounted with
+s3fs-fuse (deploy/README's other option): the same policy through the same interface."""
 
 from __future__ import annotations
 
@@ -33,12 +35,29 @@ from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.instances import runs_with_event_log_files
 from mostovik_pipelines_tests.support.locations import code_location_for
+from mostovik_pipelines_tests.support.object_store import mounted_buckets, why_no_object_store
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
 
 ASSET = AssetKey("cbr_daily_rates")
 DAYS = ["2026-11-02", "2026-11-03", "2026-11-04"]
 A_YEAR_AND_MORE = timedelta(days=500)
+
+
+STORES = ("landing", "storage")
+
+
+@pytest.fixture(params=["disk", "object storage"])
+def stores(request, tmp_path):
+    """Where the landing store and the op outputs live: directories of a local disk, or a bucket
+    each mounted there with s3fs (then the buckets, to read the objects left behind)."""
+    if request.param == "disk":
+        yield None
+        return
+    if reason := why_no_object_store():
+        pytest.skip(reason)
+    with mounted_buckets(tmp_path, STORES) as buckets:
+        yield buckets
 
 
 @pytest.fixture
@@ -109,9 +128,19 @@ def _what_an_operator_reads(dagster: DagsterInstance, location) -> dict:
 
 
 def _stores(tmp_path: Path, dagster: DagsterInstance) -> tuple[set[str], set[str]]:
-    files = {str(p) for folder in ("landing", "storage")
-             for p in (tmp_path / folder).rglob("*") if p.is_file()}
+    files = {str(p) for folder in STORES for p in (tmp_path / folder).rglob("*") if p.is_file()}
     return files, {record.dagster_run.run_id for record in dagster.get_run_records()}
+
+
+def _objects_match_files(buckets, tmp_path: Path) -> None:
+    """On object storage, the buckets hold exactly the files the mounts show: nothing renamed
+    aside and never deleted, no object the prune could not see."""
+    if buckets is None:
+        return
+    for store in STORES:
+        files = {str(p.relative_to(tmp_path / store))
+                 for p in (tmp_path / store).rglob("*") if p.is_file()}
+        assert buckets.objects(store) == files
 
 
 def _prune(dagster, location, tmp_path, now, **kwargs):
@@ -121,7 +150,7 @@ def _prune(dagster, location, tmp_path, now, **kwargs):
 
 
 def test_a_prune_a_year_on_keeps_every_partitions_present_and_removes_the_rest(
-    location, dagster, standin, tmp_path
+    stores, location, dagster, standin, tmp_path
 ):
     runs = _history(location, dagster, standin)
     before = _what_an_operator_reads(dagster, location)
@@ -150,6 +179,9 @@ def test_a_prune_a_year_on_keeps_every_partitions_present_and_removes_the_rest(
     assert report.counts[LANDING] == 3
     # A second prune finds nothing.
     assert not _prune(dagster, location, tmp_path, later).removed_anything
+    _objects_match_files(stores, tmp_path)
+    if stores is not None:
+        assert not stores.objects("storage") and stores.objects("landing")
     landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
     for day in DAYS:
         assert landing.is_whole(landing.latest("cbr_daily_rates", day))
@@ -163,7 +195,7 @@ def test_a_prune_a_year_on_keeps_every_partitions_present_and_removes_the_rest(
 
 
 def test_a_prune_stopped_half_way_then_run_again_ends_where_one_clean_prune_does(
-    location, dagster, standin, tmp_path
+    stores, location, dagster, standin, tmp_path
 ):
     _history(location, dagster, standin)
     later = datetime.now(UTC) + A_YEAR_AND_MORE
@@ -195,6 +227,7 @@ def test_a_prune_stopped_half_way_then_run_again_ends_where_one_clean_prune_does
                            if not any(f == t or f.startswith(t + "/") for t in removed)}
     assert _what_an_operator_reads(dagster, location) == before
     assert not _prune(dagster, location, tmp_path, later).removed_anything
+    _objects_match_files(stores, tmp_path)
 
 
 def test_a_run_deleted_by_hand_leaves_a_file_that_a_prune_removes_after_the_grace(
@@ -246,13 +279,15 @@ def test_the_daily_prune_job_runs_as_a_job_of_the_code_location(location, dagste
     assert len(listed) == len(runs) and result.run_id not in {job.run_id for job in listed}
 
 
-def _age(path: Path, when: datetime) -> None:
-    for item in [path, *path.rglob("*")]:
+def _age(store: Path, when: datetime) -> None:
+    """Everything in ``store`` last written ``when`` (the store's own directory is left: a
+    mounted bucket's root has no time to set)."""
+    for item in store.rglob("*"):
         os.utime(item, (when.timestamp(), when.timestamp()))
 
 
-def test_a_prune_next_to_running_jobs_removes_nothing_they_use(location, dagster, standin,
-                                                              tmp_path):
+def test_a_prune_next_to_running_jobs_removes_nothing_they_use(stores, location, dagster,
+                                                              standin, tmp_path):
     """A run still going (its record says started) and a re-execution still going of an old
     failed run: their op outputs, landed pages and frames stay, however old they look."""
     runs = _history(location, dagster, standin)
@@ -288,3 +323,4 @@ def test_a_prune_next_to_running_jobs_removes_nothing_they_use(location, dagster
     _prune(dagster, location, tmp_path, later)
     assert not list((tmp_path / "storage").iterdir())
     assert not landing.is_whole(landed) and not frame.exists()
+    _objects_match_files(stores, tmp_path)

@@ -31,6 +31,9 @@ SERVER_USER = "mostovik-pg"
 SETUP_LOCK = Path(tempfile.gettempdir()) / "mostovik-test-machine.lock"
 PACKAGES = {"initdb": "postgresql", "pg_ctl": "postgresql", "redis-server": "redis-server"}
 """Each binary the tests start, and the Debian package that brings it."""
+ROOT_PACKAGES = {"s3fs": "s3fs"}
+"""What only root's tests use (mounting object storage with FUSE): installed when run as root,
+not asked for otherwise."""
 
 
 class MachineNotReady(RuntimeError):
@@ -59,7 +62,8 @@ def require_binary(name: str) -> str:
 
 def missing_packages() -> list[str]:
     """The Debian packages whose binaries are missing, each named once."""
-    return sorted({package for name, package in PACKAGES.items() if binary(name) is None})
+    wanted = {**PACKAGES, **(ROOT_PACKAGES if os.geteuid() == 0 else {})}
+    return sorted({package for name, package in wanted.items() if binary(name) is None})
 
 
 @contextmanager

@@ -1,0 +1,130 @@
+"""Object storage seen through a POSIX view, as deploy/README allows for the shared stores: an S3
+API server (moto's, a process of its own on 127.0.0.1) with one bucket per store, each mounted
+with s3fs-fuse where the store's directory would be. What a prune did is then read twice:
+through the mount, as the code sees it, and as the bucket's objects, as the operator's S3
+console shows them. Mounting needs root (FUSE); :func:`why_no_object_store` says why not."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from mostovik_pipelines_tests.support.postgres import free_port
+
+
+def why_no_object_store() -> str | None:
+    """None where :func:`mounted_buckets` can work here, else the reason."""
+    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
+        return "mounting object storage with s3fs-fuse needs root and /dev/fuse"
+    if shutil.which("s3fs") is None:
+        return "s3fs not found: install the Debian package s3fs (`make system-deps` as root)"
+    try:
+        import boto3  # noqa: F401
+        import moto.server  # noqa: F401
+    except ImportError as missing:
+        return f"the S3 API server for the tests is missing ({missing}): `make install-dev`"
+    return None
+
+
+class Buckets:
+    """The buckets behind the mounts, read over the S3 API."""
+
+    def __init__(self, endpoint: str, environment: dict[str, str]) -> None:
+        import boto3
+
+        self.client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id=environment["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=environment["AWS_SECRET_ACCESS_KEY"])
+
+    def objects(self, bucket: str) -> set[str]:
+        """Every object's key in ``bucket``; s3fs's directory markers (keys ending in ``/``)
+        left out."""
+        keys = set()
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys.update(item["Key"] for item in page.get("Contents", []))
+        return {key for key in keys if not key.endswith("/")}
+
+
+@contextlib.contextmanager
+def mounted_buckets(work_dir: Path, names: tuple[str, ...], timeout: float = 30
+                    ) -> Iterator[Buckets]:
+    """A bucket per name, mounted at ``work_dir / name``; unmounted and the server stopped on
+    the way out."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    # Credentials of the throw-away server, handed to s3fs through its environment only.
+    key, secret = secrets.token_hex(8), secrets.token_urlsafe(24)
+    environment = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+                   "AWSACCESSKEYID": key, "AWSSECRETACCESSKEY": secret}
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                   str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        with _stopped_after(server):
+            buckets = _when_serving(server, log, lambda: Buckets(endpoint, environment), timeout)
+            with _mounted(buckets, names, work_dir, endpoint, environment, timeout):
+                yield buckets
+
+
+@contextlib.contextmanager
+def _stopped_after(server: subprocess.Popen) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@contextlib.contextmanager
+def _mounted(buckets: Buckets, names: tuple[str, ...], work_dir: Path, endpoint: str,
+             environment: dict[str, str], timeout: float) -> Iterator[None]:
+    mounted: list[Path] = []
+    try:
+        for name in names:
+            buckets.client.create_bucket(Bucket=name)
+            mount_point = work_dir / name
+            mount_point.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["s3fs", name, str(mount_point), "-o",
+                            f"url={endpoint},use_path_request_style,dbglevel=warn"],
+                           env=environment, check=True, capture_output=True, text=True)
+            mounted.append(mount_point)
+            _when_mounted(mount_point, timeout)
+        yield
+    finally:
+        for mount_point in mounted:
+            subprocess.run(["umount", "-l", str(mount_point)], check=False, capture_output=True)
+
+
+def _when_serving(server: subprocess.Popen, log, connect, timeout: float) -> Buckets:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            buckets = connect()
+            buckets.client.list_buckets()
+            return buckets
+        except Exception as error:  # any failure to answer is "not yet"
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"the S3 API server did not start: "
+                                   f"{log.read()[-2000:].decode(errors='replace')}") from error
+            time.sleep(0.1)
+
+
+def _when_mounted(mount_point: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mount_point):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"s3fs did not mount {mount_point}")
+        time.sleep(0.05)
