@@ -4,8 +4,9 @@ A year is built the way it would have been, on a fresh ``DAGSTER_HOME`` (SQLite 
 landing store and op-output storage, against the stand-in and a migrated warehouse database:
 
 * every daily source (CBR rates, CBR metal prices, ERP sync windows) over 365 days by the real
-  jobs, as a year is backfilled: ranged runs as each source's backfill policy cuts them (one
-  for the CBR rates, runs of 31 days for the others);
+  jobs, as the daily schedules run them: a run per source and day, each with its record, event
+  log and op outputs (``execute_in_process`` in one process per source, the code location
+  loaded once: a tick's run without its process start-up);
 * a sample of what a year of daily operation adds, by the real jobs too: partitions loaded
   again twice (``dagster job execute``), runs that failed (the source answering 404), each
   re-executed from its failure (``mostovik jobs rerun``);
@@ -111,7 +112,8 @@ def measure_retention(server: ThrowawayPostgres, work_dir: Path,
     started = time.perf_counter()
     try:
         for source in DAILY:
-            _backfill(source, keys, env, log)
+            log(f"retention: {source}, a run a day, {keys[0]}...{keys[-1]}")
+            run_command([sys.executable, "-m", "benchmarks.retention", source, *keys], env)
         _daily_operation(env, keys, home, StandinClient(standin.url), log)
     finally:
         standin.stop()
@@ -139,28 +141,17 @@ def measure_retention(server: ThrowawayPostgres, work_dir: Path,
     return figures
 
 
-def _backfill(source: str, keys: list[str], env: dict[str, str],
-              log: Callable[[str], None]) -> None:
-    """The year as the source's backfill policy cuts it: one ranged run (single_run:
-    ``dagster asset materialize --partition-range``), or ranged runs of at most its
-    ``max_partitions_per_run`` (what the backfill daemon launches; here ``dagster job execute``
-    with the range's tags)."""
-    from mostovik_pipelines.sources import ALL_SOURCES
+def _run_days(source: str, keys: list[str]) -> None:
+    """A run of ``source``'s job for each day, one after another on the instance of
+    ``DAGSTER_HOME``; each must succeed."""
+    from dagster import DagsterInstance
 
-    [spec] = [spec for spec in ALL_SOURCES if spec.name == source]
-    per_run = spec.backfill_policy.max_partitions_per_run
-    log(f"retention: a year of {source}, {keys[0]}...{keys[-1]}, "
-        + ("one ranged run" if per_run is None else f"ranged runs of {per_run} partitions"))
-    if per_run is None:
-        run_command([str(BIN / "dagster"), "asset", "materialize", "-m", "mostovik_pipelines",
-                     "--select", source, "--partition-range", f"{keys[0]}...{keys[-1]}"], env)
-        return
-    for start in range(0, len(keys), per_run):
-        chunk = keys[start:start + per_run]
-        run_command([str(BIN / "dagster"), "job", "execute", "-m", "mostovik_pipelines", "-j",
-                     f"{source}_job", "--tags", json.dumps({
-                         "dagster/asset_partition_range_start": chunk[0],
-                         "dagster/asset_partition_range_end": chunk[-1]})], env)
+    from mostovik_pipelines.definitions import defs
+
+    job = defs.resolve_job_def(f"{source}_job")
+    with DagsterInstance.get() as instance:
+        for key in keys:
+            job.execute_in_process(partition_key=key, instance=instance)
 
 
 def _daily_operation(env: dict[str, str], keys: list[str], home: Path, standin: StandinClient,
@@ -283,3 +274,7 @@ def retention_table(r: RetentionFigures, checks: list[tuple[bool, str]]) -> list
 
 def _mb(size: int) -> str:
     return f"{size / 2**20:.1f} MB"
+
+
+if __name__ == "__main__":
+    _run_days(sys.argv[1], sys.argv[2:])
