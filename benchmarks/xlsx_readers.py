@@ -62,7 +62,7 @@ def _pandas(engine: str) -> Callable[[bytes], list[list[Any]]]:
 
 
 def _ours(content: bytes) -> str:
-    from mostovik_pipelines.framework.readers.delivery_report import parse_delivery_report
+    from mostovik_pipelines.sources.material_deliveries.report import parse_delivery_report
 
     parsed = parse_delivery_report(content, "bench.xlsx", "bench", max_bytes=len(content) + 1)
     first = f", first quantity {parsed.frame['quantity'].iloc[0]}" if len(parsed.frame) else ""
@@ -82,13 +82,13 @@ READERS: dict[str, tuple[tuple[str, ...], Callable[[bytes], Any]]] = {
     "pandas.read_excel openpyxl": (("pandas", "openpyxl"), _pandas("openpyxl")),
     "pandas.read_excel calamine": (("pandas", "python_calamine"), _pandas("calamine")),
     "parse_delivery_report (calamine + parse)": (
-        ("mostovik_pipelines.framework.readers.delivery_report",), _ours),
+        ("mostovik_pipelines.sources.material_deliveries.report",), _ours),
 }
 PROBE_READERS: dict[str, tuple[tuple[str, ...], Callable[[bytes], Any]]] = {
     "openpyxl data_only=True": (("openpyxl",), _openpyxl),
     "openpyxl default": (("openpyxl",), lambda content: _openpyxl(content, data_only=False)),
     "python-calamine": (("python_calamine",), _calamine),
-    "parse_delivery_report": (("mostovik_pipelines.framework.readers.delivery_report",), _ours),
+    "parse_delivery_report": (("mostovik_pipelines.sources.material_deliveries.report",), _ours),
 }
 
 

@@ -23,9 +23,9 @@ from typing import Any
 from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
 from sqlalchemy import create_engine, text
 
-from mostovik_pipelines.framework.readers.delivery_report import COLUMNS
 from mostovik_pipelines.resources.inbox import InboxResource, version_key
 from mostovik_pipelines.sources import material_deliveries
+from mostovik_pipelines.sources.material_deliveries.report import COLUMNS
 from mostovik_pipelines_tests.support.delivery_reports import Delivery
 
 SOURCE = "material_deliveries"

@@ -1,7 +1,7 @@
-"""How a delivery report's cells become typed values: text, waybill and line numbers, exact
-amounts (decimal commas or points, spaces between thousands), dates (``DD.MM.YYYY`` text, date
-cells or Excel day counts). A column's distinct cells are read once: a report repeats dates,
-sites, materials, units and suppliers on every row."""
+"""How a spreadsheet export's cells become typed values: text, exact amounts (decimal commas or
+points, spaces between thousands), dates (``DD.MM.YYYY`` text, date cells or Excel day counts).
+A reader raises ``ValueError`` with its reason, a source's own readers too. A column's distinct
+cells are read once: a report repeats dates, codes and names on every row."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 from mostovik_pipelines.framework.readers.excel_dates import excel_serial_date
 from mostovik_pipelines.framework.readers.sheet import Cell
 
-LARGEST_LINE_NO = 2**31 - 1  # an INTEGER column
 TEXT_DATE = re.compile(r"(\d{1,2})\.(\d{1,2})\.(\d{4})")
 # Digits grouped by thousands with a space, a no-break, narrow no-break or thin space, or not
 # grouped; a decimal comma or point.
@@ -52,7 +51,7 @@ def read_distinct(cells: list[Cell], read: Callable[[Cell], Any], *, texts: bool
                   ) -> list[Any]:
     """Each cell read (:data:`UNREADABLE` where the reader refuses it); ``texts``: the cells
     are known to be ``str``."""
-    if read is _amount and (texts or set(map(type, cells)) == {str}):
+    if read is cell_amount and (texts or set(map(type, cells)) == {str}):
         return _amounts(cells)
     return [_read_or_fail(read, cell) for cell in cells]
 
@@ -64,7 +63,7 @@ PLAIN_AMOUNT = r"^(?:[0-9]{1,3}(?:[ \x{00a0}\x{202f}\x{2009}][0-9]{3})+|[0-9]+)(
 
 
 def _amounts(texts: list[str]) -> list[Any]:
-    """:func:`_amount` of each text: the plain ones checked and cleaned by column, the rest
+    """:func:`cell_amount` of each text: the plain ones checked and cleaned by column, the rest
     (spaces around, a minus, other digits, not a number) read one by one."""
     column = pa.array(texts, pa.string())
     plain = pc.match_substring_regex(column, PLAIN_AMOUNT).to_numpy(zero_copy_only=False)
@@ -73,7 +72,7 @@ def _amounts(texts: list[str]) -> list[Any]:
     ).to_pylist()
     if plain.all():
         return list(map(Decimal, digits))
-    return [Decimal(number) if is_plain else _read_or_fail(_amount, text)
+    return [Decimal(number) if is_plain else _read_or_fail(cell_amount, text)
             for text, number, is_plain in zip(texts, digits, plain, strict=True)]
 
 
@@ -84,7 +83,7 @@ def _read_or_fail(read: Callable[[Cell], Any], cell: Cell) -> Any:
         return UNREADABLE
 
 
-def _text(cell: Cell) -> str:
+def cell_text(cell: Cell) -> str:
     if type(cell) is str:  # the common case first: most cells of most files are text
         return cell.strip()
     if isinstance(cell, float) and cell.is_integer():
@@ -92,32 +91,7 @@ def _text(cell: Cell) -> str:
     return cell.strip() if isinstance(cell, str) else str(cell)
 
 
-def _waybill(cell: Cell) -> str:
-    if isinstance(cell, float) and not cell.is_integer():
-        raise ValueError("is a fractional number, not a waybill number")
-    text = _text(cell)
-    if not text:
-        raise ValueError("is empty: the waybill number is part of the row's key")
-    return text
-
-
-def _line_no(cell: Cell) -> int:
-    if isinstance(cell, float) and cell.is_integer():
-        number = int(cell)
-    elif isinstance(cell, int) and not isinstance(cell, bool):
-        number = cell
-    elif isinstance(cell, str) and cell.strip().isdecimal() and cell.strip().isascii():
-        number = int(cell.strip())
-    elif isinstance(cell, str) and not cell.strip():
-        raise ValueError("is empty: the line number is part of the row's key")
-    else:
-        raise ValueError("is not a positive whole number")
-    if not 0 < number <= LARGEST_LINE_NO:
-        raise ValueError("is not a positive whole number")
-    return number
-
-
-def _amount(cell: Cell) -> Decimal:
+def cell_amount(cell: Cell) -> Decimal:
     """An exact decimal: a number typed into a cell (the shortest decimal that reads back as
     Excel's double) or text with a decimal comma or point and spaces between thousands."""
     if isinstance(cell, str):
@@ -143,7 +117,7 @@ def _amount(cell: Cell) -> Decimal:
     return amount
 
 
-def delivery_date(cell: Cell, *, date_1904: bool) -> date:
+def cell_date(cell: Cell, *, date_1904: bool) -> date:
     if isinstance(cell, str):
         text = cell.strip()
         if not text:
@@ -161,16 +135,3 @@ def delivery_date(cell: Cell, *, date_1904: bool) -> date:
     elif isinstance(cell, int | float) and not isinstance(cell, bool):
         return excel_serial_date(cell, date_1904)
     raise ValueError("is not a date in DD.MM.YYYY")
-
-
-# How each column's cell is read; the date's reader also needs the workbook's date system.
-READERS: dict[str, Callable[[Cell], Any]] = {
-    "object_code": _text,
-    "waybill": _waybill,
-    "line_no": _line_no,
-    "material": _text,
-    "unit": _text,
-    "quantity": _amount,
-    "price": _amount,
-    "supplier": _text,
-}

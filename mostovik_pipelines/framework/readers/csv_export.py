@@ -5,9 +5,9 @@ CSV text is decoded by its BOM (UTF-8, or UTF-16 as Excel's "Unicode text" write
 strict UTF-8, else as windows-1251: cp1251 Cyrillic is almost never valid UTF-8, while cp1251
 decodes nearly any byte, so that order cannot mistake one for the other. The delimiter is the one
 of ``;`` (Excel's choice where the decimal separator is a comma), tab and ``,`` under which a row
-of the first ten holds the header; ties go in that order. The rows below the header are split by
-Arrow's CSV reader when it splits them exactly as Python's ``csv`` does (every record as wide as
-the header, no blank line), else by ``csv``.
+of the first ten holds the most of the header names the source expects; ties go in that order.
+Asked to, the rows below the header are split by Arrow's CSV reader when it splits them exactly
+as Python's ``csv`` does (every record as wide as the header, no blank line), else by ``csv``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import codecs
 import csv
 import io
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -39,16 +40,19 @@ _CONTROL_BYTES = bytes(0 if CONTROL_CHARACTER.fullmatch(chr(byte)) else 1 for by
 """Each byte's mark: 0 for the control characters of :data:`CONTROL_CHARACTER`."""
 
 
-def read_csv(content: bytes, file_name: str) -> Sheet | CsvTable:
+def read_csv(content: bytes, file_name: str, headers: Mapping[str, str], *,
+             arrow: bool = False) -> Sheet | CsvTable:
+    """The file's rows, the delimiter chosen by ``headers`` (header text -> column). ``arrow``:
+    the rows below the header as a :class:`CsvTable` where Arrow can split them (read by column)."""
     text, encoding = _decode(content, file_name)
     if not text.strip():
         raise SourceContractError(f"{file_name}: the file is empty, no data rows")
     # Only the first rows are parsed per delimiter; the chosen one then reads the whole file.
     heads = {delimiter: _csv_rows(text, delimiter, file_name, HEADER_SEARCH_ROWS)
              for delimiter in CSV_DELIMITERS}
-    best = max(CSV_DELIMITERS, key=lambda delimiter: header_score(heads[delimiter]))
+    best = max(CSV_DELIMITERS, key=lambda delimiter: header_score(heads[delimiter], headers))
     described = f"read as {encoding}, {_DELIMITER_NAMES[best]}"
-    table = _csv_table(text, best, heads[best], described, file_name)
+    table = _csv_table(text, best, heads[best], described, file_name, headers) if arrow else None
     if table is not None:
         return table
     return Sheet(_csv_rows(text, best, file_name), described, strict_width=True)
@@ -67,7 +71,7 @@ class CsvTable:
 
 
 def _csv_table(text: str, delimiter: str, head: list[tuple[int, list[Cell]]], described: str,
-               file_name: str) -> CsvTable | None:
+               file_name: str, headers: Mapping[str, str]) -> CsvTable | None:
     """The rows below the header split by Arrow's CSV reader (in C++, ten times Python's
     ``csv``), or None when it could split them differently from :func:`_csv_rows`, which then
     reads the file. Arrow splits as ``csv`` does (quotes, doubled quotes, newlines in quoted
@@ -76,7 +80,7 @@ def _csv_table(text: str, delimiter: str, head: list[tuple[int, list[Cell]]], de
     refuses rows of another width itself, and cells longer than ``csv`` accepts are refused
     here."""
     try:
-        header_at, positions = locate_header(Sheet(head, described), file_name)
+        header_at, positions = locate_header(Sheet(head, described), file_name, headers)
     except SourceContractError:
         return None  # reading the whole file row by row says what is wrong, in its own order
     header_number, header = head[header_at]

@@ -1,6 +1,6 @@
 """A delivery report file version as received: its bytes from the inbox (or the archive), and
-the report read by :mod:`mostovik_pipelines.framework.readers.delivery_report` (its format,
-and what is refused unread), imported by the transform step only: it needs pandas and Arrow.
+the report read by :mod:`.report` (its format, and what is refused unread), imported by the
+transform step only: it needs pandas and Arrow.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ def extract(request: ExtractRequest) -> RawPayload:
 
 
 def transform(request: TransformRequest) -> ParsedRows:
-    from mostovik_pipelines.framework.readers.delivery_report import (
-        parse_delivery_report,  # pandas, Arrow
-    )
+    from mostovik_pipelines.sources.material_deliveries.report import parse_delivery_report
 
     return parse_delivery_report(request.content, file_name_of(request.partition_key),
                                  request.partition_key, MAX_FILE_BYTES)

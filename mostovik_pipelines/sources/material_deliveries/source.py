@@ -1,7 +1,7 @@
 """Material delivery reports from construction sites (a file job): what each site received, one
 row per waybill line, keyed by waybill number and line number.
 
-The reports are read by :mod:`mostovik_pipelines.framework.readers.delivery_report` (their
+The reports are read by :mod:`mostovik_pipelines.sources.material_deliveries.report` (their
 format, and what is refused unread), imported by the transform step.
 """
 

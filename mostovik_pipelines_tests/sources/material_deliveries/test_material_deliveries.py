@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines import cli
-from mostovik_pipelines.framework.readers import csv_export, delivery_report
+from mostovik_pipelines.framework.readers import csv_export
 from mostovik_pipelines.framework.runs.tags import STATUS_TAG
 from mostovik_pipelines.sources import material_deliveries
+from mostovik_pipelines.sources.material_deliveries import report
 from mostovik_pipelines_tests.support import delivery_reports as reports
 from mostovik_pipelines_tests.support.delivery_reports import TITLE_ROWS, Layout
 from mostovik_pipelines_tests.support.inbox import (
@@ -535,8 +536,8 @@ def _split_by_csv_only(monkeypatch) -> None:
 
 
 def _parsed(content: bytes) -> tuple:
-    parsed = delivery_report.parse_delivery_report(content, "Объект.csv", "Объект.csv@v1",
-                                                       10 * 1024 * 1024)
+    parsed = report.parse_delivery_report(content, "Объект.csv", "Объект.csv@v1",
+                                          10 * 1024 * 1024)
     frame = parsed.frame
     return ([str(dtype) for dtype in frame.dtypes],
             [tuple((type(v).__name__, str(v)) for v in row) for row in frame.itertuples()],
@@ -575,7 +576,7 @@ def test_arrow_and_python_csv_split_a_report_alike(monkeypatch, arrow_splits, bu
     """Where Arrow may split it, against csv alone; where it may not (it would skip the blank
     line; a shifted row is wider than the header), csv splits it either way."""
     content = build(_lines(40, 3))
-    split = delivery_report._read_sheet(content, "Объект.csv", len(content))
+    split = report._read_sheet(content, "Объект.csv", len(content))
     assert isinstance(split, csv_export.CsvTable) is arrow_splits
     by_arrow = _parsed(content)
     _split_by_csv_only(monkeypatch)

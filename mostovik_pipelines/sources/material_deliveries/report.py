@@ -6,10 +6,12 @@ no-break or narrow no-break spaces between thousands (``1 234,50``) or decimal p
 ``DD.MM.YYYY`` text or real Excel dates, title rows above the header, header names in any case
 and spacing, extra columns and any column order. Waybill numbers are text (leading zeros count).
 
-Choices. A file starting with a ZIP signature is read as XLSX (:mod:`.xlsx_export`), anything
-else as CSV text (:mod:`.csv_export`); the header is found by :mod:`.headers`, cells are typed by
-:mod:`.cell_values`. Rows a spreadsheet shows as empty are not rows. Either way each distinct
-cell of a column is read once, and rows with a problem again for their reasons.
+Choices. A file starting with a ZIP signature is read as XLSX, anything else as CSV text, by the
+framework's readers (:mod:`mostovik_pipelines.framework.readers`), which find the header by
+:data:`HEADERS`; :data:`READERS` types each column's cells (the framework's cell readers, and the
+report's own for the waybill and line numbers). Rows a spreadsheet shows as empty are not rows.
+Either way each distinct cell of a column is read once, and rows with a problem again for their
+reasons. Imported by the transform step only: it needs pandas and Arrow.
 """
 
 from __future__ import annotations
@@ -28,25 +30,74 @@ import pyarrow as pa
 
 from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.framework.readers.cell_values import (
-    READERS,
     UNREADABLE,
-    delivery_date,
+    cell_amount,
+    cell_date,
+    cell_text,
     read_column,
     read_distinct,
 )
 from mostovik_pipelines.framework.readers.csv_export import CsvTable, read_csv
-from mostovik_pipelines.framework.readers.headers import HEADERS, locate_header
+from mostovik_pipelines.framework.readers.headers import locate_header
 from mostovik_pipelines.framework.readers.sheet import Cell, Sheet, is_empty
 from mostovik_pipelines.framework.readers.xlsx_export import read_xlsx
-from mostovik_pipelines.framework.spec import (
-    ParsedRows,
-    RejectedRow,
-)
+from mostovik_pipelines.framework.spec import ParsedRows, RejectedRow
 
 COLUMNS = (
     "delivery_date", "object_code", "waybill", "line_no", "material", "unit", "quantity",
     "price", "supplier", "source_file", "file_version",
 )
+# The report's header as the sites' template spells it, and the column each header fills.
+HEADERS = {
+    "Дата поставки": "delivery_date",
+    "Объект": "object_code",
+    "Накладная": "waybill",
+    "Строка": "line_no",
+    "Материал": "material",
+    "Ед. изм.": "unit",
+    "Количество": "quantity",
+    "Цена": "price",
+    "Поставщик": "supplier",
+}
+LARGEST_LINE_NO = 2**31 - 1  # an INTEGER column
+
+
+def _waybill(cell: Cell) -> str:
+    if isinstance(cell, float) and not cell.is_integer():
+        raise ValueError("is a fractional number, not a waybill number")
+    text = cell_text(cell)
+    if not text:
+        raise ValueError("is empty: the waybill number is part of the row's key")
+    return text
+
+
+def _line_no(cell: Cell) -> int:
+    if isinstance(cell, float) and cell.is_integer():
+        number = int(cell)
+    elif isinstance(cell, int) and not isinstance(cell, bool):
+        number = cell
+    elif isinstance(cell, str) and cell.strip().isdecimal() and cell.strip().isascii():
+        number = int(cell.strip())
+    elif isinstance(cell, str) and not cell.strip():
+        raise ValueError("is empty: the line number is part of the row's key")
+    else:
+        raise ValueError("is not a positive whole number")
+    if not 0 < number <= LARGEST_LINE_NO:
+        raise ValueError("is not a positive whole number")
+    return number
+
+
+# How each column's cell is read; the date's reader also needs the workbook's date system.
+READERS: dict[str, Callable[[Cell], Any]] = {
+    "object_code": cell_text,
+    "waybill": _waybill,
+    "line_no": _line_no,
+    "material": cell_text,
+    "unit": cell_text,
+    "quantity": cell_amount,
+    "price": cell_amount,
+    "supplier": cell_text,
+}
 
 
 def parse_delivery_report(content: bytes, file_name: str, file_version: str,
@@ -58,7 +109,10 @@ def parse_delivery_report(content: bytes, file_name: str, file_version: str,
             f"{file_name}: {len(content):,} bytes is over the limit of {max_bytes:,} bytes"
         )
     with _collector_paused():
-        return _parse(content, file_name, file_version, max_bytes)
+        source = _read_sheet(content, file_name, max_bytes)
+        if isinstance(source, CsvTable):
+            return _parse_table(source, file_name, file_version)
+        return _parse_sheet(source, file_name, file_version)
 
 
 @contextlib.contextmanager
@@ -75,17 +129,10 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _parse(content: bytes, file_name: str, file_version: str, max_bytes: int) -> ParsedRows:
-    source = _read_sheet(content, file_name, max_bytes)
-    if isinstance(source, CsvTable):
-        return _parse_table(source, file_name, file_version)
-    return _parse_sheet(source, file_name, file_version)
-
-
 def _plan(positions: dict[str, int], date_1904: bool
           ) -> list[tuple[str, str, int, Callable[[Cell], Any]]]:
     """(header, column, position in a row, reader) for each column of the report."""
-    readers = {**READERS, "delivery_date": partial(delivery_date, date_1904=date_1904)}
+    readers = {**READERS, "delivery_date": partial(cell_date, date_1904=date_1904)}
     return [(name, column, positions[column], readers[column]) for name, column in HEADERS.items()]
 
 
@@ -94,7 +141,7 @@ def _parse_sheet(sheet: Sheet, file_name: str, file_version: str) -> ParsedRows:
     column at a time: each distinct cell of a column is read once (a report repeats dates, sites,
     materials, units and suppliers on every row); only rows with a problem are read again, cell
     by cell, for their reason."""
-    header_at, positions = locate_header(sheet, file_name)
+    header_at, positions = locate_header(sheet, file_name, HEADERS)
     data_rows = sheet.rows[header_at + 1:]
     if not data_rows:
         raise SourceContractError(f"{file_name}: no data rows below the header ({sheet.described})")
@@ -225,7 +272,7 @@ def _read_sheet(content: bytes, file_name: str, max_bytes: int) -> Sheet | CsvTa
             f"{file_name}: a legacy .xls or password-protected workbook, not a CSV or XLSX "
             f"report (save it as .xlsx or CSV without a password)"
         )
-    return read_csv(content, file_name)
+    return read_csv(content, file_name, HEADERS, arrow=True)
 
 
 def _parse_row(cells: list[Cell], plan: Sequence[tuple[str, str, int, Callable[[Cell], Any]]],
