@@ -13,11 +13,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from mostovik_pipelines_tests.support.postgres import free_port
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 
 def why_no_object_store() -> str | None:
@@ -55,8 +55,7 @@ class Buckets:
 
 
 @contextlib.contextmanager
-def mounted_buckets(work_dir: Path, names: tuple[str, ...], timeout: float = 30
-                    ) -> Iterator[Buckets]:
+def mounted_buckets(work_dir: Path, names: tuple[str, ...]) -> Iterator[Buckets]:
     """A bucket per name, mounted at ``work_dir / name``; unmounted and the server stopped on
     the way out."""
     port = free_port()
@@ -70,8 +69,8 @@ def mounted_buckets(work_dir: Path, names: tuple[str, ...], timeout: float = 30
                                    str(port)], stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         with _stopped_after(server):
-            buckets = _when_serving(server, log, lambda: Buckets(endpoint, environment), timeout)
-            with _mounted(buckets, names, work_dir, endpoint, environment, timeout):
+            buckets = _when_serving(server, log, lambda: Buckets(endpoint, environment))
+            with _mounted(buckets, names, work_dir, endpoint, environment):
                 yield buckets
 
 
@@ -89,7 +88,7 @@ def _stopped_after(server: subprocess.Popen) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _mounted(buckets: Buckets, names: tuple[str, ...], work_dir: Path, endpoint: str,
-             environment: dict[str, str], timeout: float) -> Iterator[None]:
+             environment: dict[str, str]) -> Iterator[None]:
     mounted: list[Path] = []
     try:
         for name in names:
@@ -100,31 +99,26 @@ def _mounted(buckets: Buckets, names: tuple[str, ...], work_dir: Path, endpoint:
                             f"url={endpoint},use_path_request_style,dbglevel=warn"],
                            env=environment, check=True, capture_output=True, text=True)
             mounted.append(mount_point)
-            _when_mounted(mount_point, timeout)
+            wait_until(lambda mount_point=mount_point: os.path.ismount(mount_point),
+                       PROCESS_START_MARGIN_SECONDS, f"s3fs mounting {mount_point}")
         yield
     finally:
         for mount_point in mounted:
             subprocess.run(["umount", "-l", str(mount_point)], check=False, capture_output=True)
 
 
-def _when_serving(server: subprocess.Popen, log, connect, timeout: float) -> Buckets:
-    deadline = time.monotonic() + timeout
-    while True:
+def _when_serving(server: subprocess.Popen, log, connect) -> Buckets:
+    """The buckets' client once the server answers; fails at once, with its log, if it died."""
+    def answering() -> Buckets | None:
+        if server.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"the S3 API server exited: "
+                               f"{log.read()[-2000:].decode(errors='replace')}")
         try:
             buckets = connect()
             buckets.client.list_buckets()
             return buckets
-        except Exception as error:  # any failure to answer is "not yet"
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                raise RuntimeError(f"the S3 API server did not start: "
-                                   f"{log.read()[-2000:].decode(errors='replace')}") from error
-            time.sleep(0.1)
+        except Exception:  # any failure to answer is "not yet"
+            return None
 
-
-def _when_mounted(mount_point: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.ismount(mount_point):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"s3fs did not mount {mount_point}")
-        time.sleep(0.05)
+    return wait_until(answering, PROCESS_START_MARGIN_SECONDS, "the S3 API server answering")
