@@ -15,7 +15,7 @@ import tempfile
 from dagster import Definitions, FilesystemIOManager, in_process_executor, job, op
 
 
-def _executor():
+def executor():
     choice = os.environ.get("MOSTOVIK_EXECUTOR", "in_process")
     if choice == "in_process":
         return in_process_executor
@@ -43,16 +43,16 @@ def third(value: int) -> None:
     del value
 
 
-@job(executor_def=_executor())
+@job(executor_def=executor())
 def empty_three_op_job() -> None:
     third(second(first()))
 
 
-defs = Definitions(
-    jobs=[empty_three_op_job],
-    resources={"io_manager": FilesystemIOManager(
-        base_dir=os.environ.get("MOSTOVIK_STORAGE_DIR",
-                                os.path.join(os.environ.get("MOSTOVIK_DATA_DIR",
-                                                            tempfile.gettempdir()), "storage"))
-    )},
-)
+def io_manager() -> FilesystemIOManager:
+    return FilesystemIOManager(base_dir=os.environ.get(
+        "MOSTOVIK_STORAGE_DIR",
+        os.path.join(os.environ.get("MOSTOVIK_DATA_DIR", tempfile.gettempdir()), "storage")))
+
+
+defs = Definitions(jobs=[empty_three_op_job], resources={"io_manager": io_manager()})
+

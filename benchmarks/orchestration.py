@@ -6,7 +6,13 @@
   --partition-range``), next to one run per partition, extrapolated from a few such runs.
 
 Runs go against the local stand-in (``StandinServer``) and a migrated warehouse database on the
-throw-away PostgreSQL, with a fresh ``DAGSTER_HOME`` (SQLite run storage).
+throw-away PostgreSQL, with a fresh ``DAGSTER_HOME`` of each instance an operator runs them on:
+
+* ``sqlite``: Dagster's default storage (``make demo``, the repository's ``dagster.yaml``, CI);
+* ``production``: ``deploy/dagster.yaml``'s storage, PostgreSQL with kept connections
+  (``PooledPostgresStorage``), in a database of its own on the same throw-away server.
+
+Each instance has its own floor (the empty job on it): the ratios compare like with like.
 """
 
 from __future__ import annotations
@@ -26,14 +32,32 @@ import psycopg
 from benchmarks.measure import ROOT, run_command
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines.warehouse import migrate
-from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.postgres import SUPERUSER, ThrowawayPostgres
 
 DATABASE = "orchestration"
+INSTANCES = ("sqlite", "production")
+PRODUCTION_INSTANCE = """telemetry:
+  enabled: false
+storage:
+  custom:
+    module: mostovik_pipelines.instance_storage
+    class: PooledPostgresStorage
+    config:
+      postgres_db:
+        username: {env: BENCH_DAGSTER_PG_USER}
+        password: {env: BENCH_DAGSTER_PG_PASSWORD}
+        hostname: 127.0.0.1
+        port: {env: BENCH_DAGSTER_PG_PORT}
+        db_name: {env: BENCH_DAGSTER_PG_DB}
+        scheme: postgresql+psycopg2
+"""
+"""deploy/dagster.yaml's storage, every connection detail from the environment."""
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 
 
 @dataclass
 class OrchestrationFigures:
+    instance: str
     executor: str
     floor: list[float]
     partition_run: list[float]
@@ -42,6 +66,9 @@ class OrchestrationFigures:
     backfill_seconds: float | None
     backfill_rows: int
     rerun_seconds: float | None
+    events_only_seconds: float | None = None
+    """The same range of ``benchmarks.year_events``: Dagster recording what the year records,
+    with no work."""
     imports: ImportFigures | None = None
     missing: str = ""
 
@@ -102,15 +129,31 @@ def _days(first: date, count: int) -> list[str]:
 
 
 def measure_orchestration(server: ThrowawayPostgres, work_dir: Path, repeat: int,
-                          per_partition_runs: int, backfill_days: int, log
-                          ) -> OrchestrationFigures:
+                          per_partition_runs: int, backfill_days: int, log,
+                          ) -> list[OrchestrationFigures]:
+    """The section on each instance in turn; the imports once, with the first."""
+    figures = []
+    for instance in INSTANCES:
+        figures.append(_measure_on(instance, server, work_dir / instance, repeat,
+                                   per_partition_runs, backfill_days, log,
+                                   imports=not figures))
+    return figures
+
+
+def _measure_on(instance: str, server: ThrowawayPostgres, work_dir: Path, repeat: int,
+                per_partition_runs: int, backfill_days: int, log, imports: bool,
+                ) -> OrchestrationFigures:
+    warehouse, run_storage = f"{DATABASE}_{instance}", f"dagster_{instance}"
     with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {DATABASE}")
-    warehouse_url = server.url(DATABASE)
+        admin.execute(f"CREATE DATABASE {warehouse}")
+        if instance == "production":
+            admin.execute(f"CREATE DATABASE {run_storage}")
+    warehouse_url = server.url(warehouse)
     migrate.upgrade(warehouse_url)
     dagster_home = work_dir / "dagster_home"
-    dagster_home.mkdir()
-    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    dagster_home.mkdir(parents=True)
+    (dagster_home / "dagster.yaml").write_text(
+        PRODUCTION_INSTANCE if instance == "production" else "telemetry:\n  enabled: false\n")
     standin = StandinServer().start()
     env = {
         **os.environ,
@@ -118,10 +161,17 @@ def measure_orchestration(server: ThrowawayPostgres, work_dir: Path, repeat: int
         "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
         "MOSTOVIK_DATABASE_URL": warehouse_url,
         "MOSTOVIK_CBR_URL": standin.cbr_url,
+        "BENCH_DAGSTER_PG_USER": SUPERUSER,
+        "BENCH_DAGSTER_PG_PASSWORD": server.password,
+        "BENCH_DAGSTER_PG_PORT": str(server.port),
+        "BENCH_DAGSTER_PG_DB": run_storage,
     }
     executor = env.get("MOSTOVIK_EXECUTOR", "in_process")
-    log(f"imports: dagster and the code location, {2 * repeat + 1} times each")
-    imports = measure_imports(2 * repeat + 1, env)
+    import_figures = None
+    if imports:
+        log(f"imports: dagster and the code location, {2 * repeat + 1} times each")
+        import_figures = measure_imports(2 * repeat + 1, env)
+    log(f"orchestration on the {instance} instance")
     try:
         floor, partition_run = [], []
         runs = iter(_days(date(2023, 1, 2), 1 + repeat + per_partition_runs))
@@ -137,13 +187,16 @@ def measure_orchestration(server: ThrowawayPostgres, work_dir: Path, repeat: int
         keys = _days(date(2024, 1, 1), backfill_days)
         log(f"backfill of {len(keys)} partitions {keys[0]}...{keys[-1]}")
         backfill = _materialize_range(keys, env)
-        rows = _rows(server, keys)
+        rows = _rows(server, warehouse, keys)
         log("the same backfill again (every partition already loaded)")
         rerun = _materialize_range(keys, env)
+        log("the same range recording the same events, with no work (Dagster's floor)")
+        events_only = _materialize_range(keys, env, module="benchmarks.year_events",
+                                         asset="ranged_year_events")
     finally:
         standin.stop()
-    return OrchestrationFigures(executor, floor, partition_run, one_each, len(keys), backfill,
-                                rows, rerun, imports)
+    return OrchestrationFigures(instance, executor, floor, partition_run, one_each, len(keys),
+                                backfill, rows, rerun, events_only, import_figures)
 
 
 def _empty_run(env: dict[str, str]) -> float:
@@ -158,14 +211,15 @@ def _partition_run(key: str, env: dict[str, str]) -> float:
          "--tags", json.dumps({"dagster/partition": key})], env)
 
 
-def _materialize_range(keys: list[str], env: dict[str, str]) -> float:
+def _materialize_range(keys: list[str], env: dict[str, str], module: str = "mostovik_pipelines",
+                       asset: str = "cbr_daily_rates") -> float:
     return run_command(
-        [DAGSTER, "asset", "materialize", "-m", "mostovik_pipelines", "--select",
-         "cbr_daily_rates", "--partition-range", f"{keys[0]}...{keys[-1]}"], env)
+        [DAGSTER, "asset", "materialize", "-m", module, "--select", asset,
+         "--partition-range", f"{keys[0]}...{keys[-1]}"], env)
 
 
-def _rows(server: ThrowawayPostgres, keys: list[str]) -> int:
-    with psycopg.connect(server.dsn(DATABASE)) as db:
+def _rows(server: ThrowawayPostgres, database: str, keys: list[str]) -> int:
+    with psycopg.connect(server.dsn(database)) as db:
         row = db.execute(
             "SELECT count(DISTINCT partition_date), count(*) FROM cbr_daily_rates "
             "WHERE partition_date BETWEEN %s AND %s", (keys[0], keys[-1]),

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(server: ThrowawayPostgres, loader: LoaderFigures | None,
-           orchestration: OrchestrationFigures | None, argv: list[str], seconds: float,
+           orchestration: list[OrchestrationFigures] | None, argv: list[str], seconds: float,
            sync: SyncFigures | None = None, *, files: FilesFigures | None = None,
            retention: RetentionFigures | None = None) -> str:
     lines = [f"mostovik_pipelines benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
@@ -127,8 +127,8 @@ def report(server: ThrowawayPostgres, loader: LoaderFigures | None,
     checks: list[tuple[bool, str]] = []
     if loader:
         lines += _loader_table(loader, checks)
-    if orchestration:
-        lines += _orchestration_table(orchestration, checks)
+    for figures in orchestration or ():
+        lines += _orchestration_table(figures, checks)
     if sync:
         lines += _sync_table(sync, checks)
     if files:
@@ -210,14 +210,22 @@ def _counts(figure: Figure) -> str:
             f"{c.get('deleted')}")
 
 
+INSTANCE_STORAGE = {
+    "sqlite": "Dagster's default SQLite storage: make demo, dagster.yaml, CI",
+    "production": "deploy/dagster.yaml: PostgreSQL, kept connections",
+}
+
+
 def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]) -> list[str]:
     floor = statistics.median(o.floor)
     run = statistics.median(o.partition_run)
     one_each = o.per_partition_extrapolated
+    storage = INSTANCE_STORAGE[o.instance]
     lines = [
         "",
-        f"Orchestration: wall time of the CLI command, executor {o.executor}, fresh DAGSTER_HOME "
-        f"(SQLite run storage), stand-in source; median of {len(o.floor)} runs after a warm-up",
+        f"Orchestration on the {o.instance} instance ({storage}): wall time of the CLI command, "
+        f"executor {o.executor}, fresh DAGSTER_HOME, stand-in source; median of {len(o.floor)} "
+        "runs after a warm-up",
         f"{'case':<72}{'seconds':>9}",
         f"{'empty three-op job, dagster job execute (Dagster floor)':<72}{floor:>9.2f}",
         f"{'cbr_daily_rates_job, one partition, dagster job execute':<72}{run:>9.2f}"
@@ -226,14 +234,17 @@ def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]
         f"{o.backfill_seconds:>9.2f}   {o.backfill_rows:,} rows",
         f"{'the same backfill again, every partition already loaded':<72}"
         f"{o.rerun_seconds:>9.2f}",
+        f"{'the same range, recording the same events and doing no work':<72}"
+        f"{o.events_only_seconds:>9.2f}   {o.events_only_seconds / floor:.1f}x the floor: "
+        "Dagster's own",
         f"{f'one run per partition, {o.backfill_partitions} runs (extrapolated)':<72}"
         f"{one_each:>9.2f}   mean of {len(o.per_partition_runs)} runs x "
         f"{o.backfill_partitions}",
     ]
     year = o.backfill_seconds * 365 / o.backfill_partitions
     again = o.rerun_seconds * 365 / o.backfill_partitions
-    label = ("" if o.backfill_partitions == 365
-             else f" (extrapolated from {o.backfill_partitions} partitions)")
+    label = (f" on {o.instance}" if o.backfill_partitions == 365
+             else f" on {o.instance} (extrapolated from {o.backfill_partitions} partitions)")
     if o.imports:
         i = o.imports
         dagster_s, ours_s = statistics.median(i.dagster_seconds), statistics.median(
@@ -254,7 +265,7 @@ def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]
         checks.append((ours_mb <= 2 * dagster_mb, f"importing the code location takes "
                        f"{ours_mb / dagster_mb:.2f}x import dagster's memory (target <= 2x)"))
     checks.append((run <= 1.25 * floor, f"a partition run at {run / floor:.2f}x the empty-job "
-                                        "floor (target <= 1.25x)"))
+                                        f"floor on {o.instance} (target <= 1.25x)"))
     checks.append((year <= 8 * floor, f"a year as one ranged run at {year / floor:.1f}x the "
                                       f"empty-job floor{label} (target <= 8x)"))
     checks.append((again <= 4 * floor, f"the same year already loaded at {again / floor:.1f}x "
