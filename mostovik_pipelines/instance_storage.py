@@ -11,8 +11,11 @@ with the instance (when it is collected) or with the process: nothing is held fo
 ``deploy/dagster.yaml`` configures it exactly as ``storage: postgres:``.
 
 A kept connection can be dead: the database restarted or failed over since it was last used.
-Each is checked as it is taken from the pool (SQLAlchemy's pessimistic disconnect handling: a
-``SELECT 1``, a new connection if it fails), and a new connection that the database refuses
+One that has been idle for a second or more is checked as it is taken from the pool
+(SQLAlchemy's pessimistic disconnect handling: a ``SELECT 1``, a new connection if it fails); one
+returned just before is not (a run logs its events back to back: a ping before each was a third
+of its storage round trips), and a call on it that finds it dead is made again, as below. A new
+connection that the database refuses
 because it is away (refused, starting up, shutting down, closed) is tried again with backoff for
 ``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS`` (90 s) of one outage, each wait logged: the run rides out
 a restart of its run storage instead of failing on its next event. A storage call whose
@@ -20,6 +23,8 @@ statement the restart cut off in flight (a run's process writes events back to b
 often is) is made again on a new connection, within the same budget: the call that failed was
 rolled back, unless the database had committed it just before it went away and the answer was
 lost, when an event can be stored twice (a window of microseconds, against a failed run).
+Dagster asks whether the check-executions table exists before it stores every check result (four
+per partition of a ranged run); a table once there stays, so that answer is kept.
 The webserver replaces each storage's engine with its own (``optimize_for_webserver``); the
 new engine is guarded the same way. Building the storages, which connects, waits out an outage
 too: a code server the daemon started during a restart failed to load for a minute otherwise,
@@ -55,6 +60,9 @@ database: those fail at once)."""
 
 RETRY_PAUSE_SECONDS = 0.2
 """Before a call cut off in flight is made again (its new connection waits out the outage)."""
+IDLE_BEFORE_PING_SECONDS = 1.0
+"""A kept connection idle this long is pinged before use; one returned more recently is used as
+it is (a call that finds it dead is made again on a new one)."""
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +75,7 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS))
         outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))
+        _remember_tables(self.event_log_storage)
         for storage in (self.run_storage, self.event_log_storage, self.schedule_storage):
             _ride_out_outages(storage, outage)
             # statement_timeout 0: no timeout (a webserver sets its own when it optimises).
@@ -90,6 +99,25 @@ def storage_engine(storage: Any) -> sqlalchemy.engine.Engine:
     return storage._engine
 
 
+def _remember_tables(storage: Any) -> None:
+    """``has_table`` answers True once per table and process: Dagster asks it before storing
+    each check result (``supports_asset_checks``), and no migration drops a table. False is
+    asked again (a migration may add the table meanwhile)."""
+    ask = storage.has_table
+    present: set[str] = set()
+
+    @functools.wraps(ask)
+    def has_table(table_name: str) -> bool:
+        if table_name in present:
+            return True
+        found = ask(table_name)
+        if found:
+            present.add(table_name)
+        return found
+
+    storage.has_table = has_table
+
+
 def _ride_out_outages(storage: Any, outage: _Outage) -> None:
     """Every public call of ``storage`` made again when its connection was lost in flight, and
     every engine it is given (now and by a webserver) checked on checkout and connecting
@@ -100,6 +128,7 @@ def _ride_out_outages(storage: Any, outage: _Outage) -> None:
         optimize(*args, **kwargs)
         engine = storage_engine(storage)
         sqlalchemy.event.listen(engine, "checkout", _ping_on_checkout)
+        sqlalchemy.event.listen(engine, "checkin", _note_checkin)
         sqlalchemy.event.listen(engine, "do_connect", outage.connect)
 
     for name, function in inspect.getmembers(type(storage), inspect.isfunction):
@@ -109,8 +138,16 @@ def _ride_out_outages(storage: Any, outage: _Outage) -> None:
     storage.optimize_for_webserver = optimize_and_guard
 
 
+def _note_checkin(dbapi_connection, connection_record) -> None:
+    connection_record.info["returned_at"] = time.monotonic()
+
+
 def _ping_on_checkout(dbapi_connection, connection_record, connection_proxy) -> None:
-    """A pooled connection is checked before use; a dead one is replaced, not failed on."""
+    """A pooled connection idle for :data:`IDLE_BEFORE_PING_SECONDS` is checked before use; a
+    dead one is replaced, not failed on."""
+    returned_at = connection_record.info.get("returned_at")
+    if returned_at is not None and time.monotonic() - returned_at < IDLE_BEFORE_PING_SECONDS:
+        return
     try:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SELECT 1")

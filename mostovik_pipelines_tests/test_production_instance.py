@@ -4,6 +4,7 @@ way CI and operators drive it: ``dagster job execute`` in a process of its own."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -14,8 +15,16 @@ from pathlib import Path
 import psycopg
 import pytest
 import sqlalchemy
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetKey,
+    DagsterInstance,
+    DagsterRunStatus,
+    RunsFilter,
+)
 
+from mostovik_pipelines import instance_storage
 from mostovik_pipelines.framework.runs.claims import RETAKE_GRACE_SECONDS
 from mostovik_pipelines.instance_storage import _ping_on_checkout, storage_engine
 from mostovik_pipelines_tests.support.instances import production_instance
@@ -158,6 +167,55 @@ def test_a_storage_call_cut_off_in_flight_is_made_again_and_answers(
                 reader.join(timeout=60)
             assert answer.get("run") is not None and answer["run"].run_id == run.run_id, (
                 webserver, answer)
+
+
+def test_a_kept_connection_that_died_since_its_last_call_is_replaced_and_the_call_answers(
+    production_home, postgres, monkeypatch, caplog
+):
+    """A connection returned a moment ago is used without a ping (a run logs its events back to
+    back). When the database ended it meanwhile (a restart between two events), the call that
+    finds it dead is made again on a new connection and answers. The idle limit is raised here
+    so that no ping can hide the dead connection, whatever the machine's speed."""
+    home, environment = production_home
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(instance_storage, "IDLE_BEFORE_PING_SECONDS", 3600.0)
+    database = environment["MOSTOVIK_DAGSTER_PG_DB"]
+    with DagsterInstance.from_config(str(home)) as instance:
+        run = instance.create_run_for_job(_empty_job(), run_id=None)
+        assert instance.get_run_by_id(run.run_id) is not None  # the kept connection, returned
+        with psycopg.connect(postgres.dsn(database), autocommit=True) as operator:
+            ended = operator.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()", (database,)).fetchone()[0]
+        assert ended >= 1, "the instance kept no connection to end"
+        with caplog.at_level(logging.WARNING, logger=instance_storage.__name__):
+            assert instance.get_run_by_id(run.run_id).run_id == run.run_id
+    assert any("connection lost during" in r.getMessage() for r in caplog.records)
+
+
+def test_storing_check_results_asks_for_the_check_table_once(production_home, monkeypatch):
+    """Dagster asks whether the check-executions table exists before it stores each check
+    result; the instance asks the database once and keeps the answer (four results per
+    partition of a ranged run made it a catalog query each)."""
+    home, environment = production_home
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with DagsterInstance.from_config(str(home)) as instance:
+        catalog_queries = []
+        sqlalchemy.event.listen(
+            storage_engine(instance.event_log_storage), "before_cursor_execute",
+            lambda conn, cursor, statement, *rest: catalog_queries.append(statement)
+            if "pg_class" in statement else None)
+        for partition in ("2026-11-02", "2026-11-03", "2026-11-04"):
+            for check in ("natural_key_unique", "rows_in_partition"):
+                instance.report_runless_asset_event(AssetCheckEvaluation(
+                    asset_key=AssetKey("cbr_daily_rates"), check_name=check, passed=True,
+                    partition=partition))
+        assert len(catalog_queries) <= 1, catalog_queries
+        stored = instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(AssetKey("cbr_daily_rates"), "natural_key_unique"), limit=10)
+        assert len(stored) == 3
 
 
 STARTING_DOWN_SECONDS = 20  # dagster-postgres alone retries for about 6 s
