@@ -94,12 +94,15 @@ def validate_partition(
             "empty_payload_is_valid=True in its SourceSpec; if the source has not published "
             "the partition yet, raise PartitionNotAvailable from its transform")
 
-    bad = pd.Series(False, index=frame.index)
+    # Row masks are numpy arrays over the frame's positions (its index is 0..n-1 here): a
+    # partition of a dozen rows pays pandas' overhead per operation, not per row.
+    bad = np.zeros(len(frame), dtype=bool)
     reasons: dict[int, str] = {}
-    _flag(reasons, bad, frame[list(target.natural_key)].isna().any(axis=1),
+    _flag(reasons, bad, frame[list(target.natural_key)].isna().to_numpy().any(axis=1),
           f"incomplete natural key {list(target.natural_key)}")
     if target.mode is LoadMode.REPLACE_PARTITION:
-        _flag(reasons, bad, frame[target.partition_column] != target.partition_value(partition_key),
+        _flag(reasons, bad, frame[target.partition_column].to_numpy(dtype=object)
+              != target.partition_value(partition_key),
               f"{target.partition_column} is not partition {partition_key}")
 
     for name in expected:
@@ -108,9 +111,10 @@ def validate_partition(
     exact_duplicates = _exact_duplicates(frame, target.natural_key) & ~bad
     candidates = frame[~exact_duplicates & ~bad]
     superseded = _older_versions(candidates, target).reindex(frame.index, fill_value=False)
-    candidates = candidates[~superseded.loc[candidates.index]]
+    superseded = superseded.to_numpy(dtype=bool)
+    candidates = candidates[~superseded[candidates.index]]
     conflicting = candidates.duplicated(subset=list(target.natural_key), keep=False)
-    _flag(reasons, bad, conflicting.reindex(frame.index, fill_value=False),
+    _flag(reasons, bad, conflicting.reindex(frame.index, fill_value=False).to_numpy(dtype=bool),
           "shares its natural key with a different row")
 
     rejected += [
@@ -119,22 +123,23 @@ def validate_partition(
                     key=_key_of(frame.loc[index], target.natural_key))
         for index, reason in sorted(reasons.items())
     ]
-    keep = (~bad & ~exact_duplicates & ~superseded).to_numpy()
+    keep = ~bad & ~exact_duplicates & ~superseded
     valid = frame[keep].reset_index(drop=True)
     _refuse_systematic_defects(rejected, len(valid) + len(rejected), max_rejected_share)
     return ValidatedFrame(valid, int(exact_duplicates.sum() + superseded.sum()),
                           tuple(rejected), positions[keep])
 
 
-def _exact_duplicates(frame: pd.DataFrame, natural_key: Sequence[str]) -> pd.Series:
+def _exact_duplicates(frame: pd.DataFrame, natural_key: Sequence[str]) -> np.ndarray:
     """Rows equal in every column to an earlier row (``frame.duplicated(keep="first")``). Only
     rows that share their natural key with another row can be, so whole rows are compared among
     those alone: hashing every value of every column (``Decimal`` and ``date`` objects included)
     was most of the validation's time, and a payload rarely repeats a key."""
     same_key = frame.duplicated(subset=list(natural_key), keep=False)
     if not same_key.any():
-        return pd.Series(False, index=frame.index)
-    return frame[same_key].duplicated(keep="first").reindex(frame.index, fill_value=False)
+        return np.zeros(len(frame), dtype=bool)
+    return (frame[same_key].duplicated(keep="first").reindex(frame.index, fill_value=False)
+            .to_numpy(dtype=bool))
 
 
 def _older_versions(candidates: pd.DataFrame, target: LoadTarget) -> pd.Series:
@@ -200,25 +205,33 @@ def _first_present(values: pd.Series) -> object:
     return next((v for v in values if not pd.isna(v)), None)
 
 
-def _flag(reasons: dict[int, str], bad: pd.Series, mask: pd.Series, reason: str) -> None:
-    for index in mask[mask & ~bad].index:
+def _flag(reasons: dict[int, str], bad: np.ndarray, mask: np.ndarray, reason: str) -> None:
+    """Mark the rows of ``mask`` bad; a row's first reason is the one it is quarantined for."""
+    for index in np.flatnonzero(mask & ~bad):
         reasons[int(index)] = reason
     bad |= mask
 
 
 def _flag_values_the_column_cannot_hold(
-    reasons: dict[int, str], bad: pd.Series, values: pd.Series, column_type: TypeEngine
+    reasons: dict[int, str], bad: np.ndarray, values: pd.Series, column_type: TypeEngine
 ) -> None:
     """Reject a row, not the whole load, when one value is too long or too large for its
     column: the database would otherwise fail the partition's transaction on it."""
-    present = values.notna()
     if isinstance(column_type, String) and column_type.length:
-        too_long = present & (values.astype(str).str.len() > column_type.length)
-        _flag(reasons, bad, too_long,
+        cells = values.to_numpy(dtype=object)
+        present = ~pd.isna(cells)
+        lengths = np.fromiter((len(str(cell)) for cell in cells), dtype=np.int64,
+                              count=len(cells))
+        _flag(reasons, bad, present & (lengths > column_type.length),
               f"{values.name} is longer than the {column_type.length} characters it may hold")
     elif isinstance(column_type, Integer) and not isinstance(column_type, BigInteger):
-        numbers = pd.to_numeric(values.where(present), errors="coerce")
-        out_of_range = present & ((numbers < INT32_MIN) | (numbers > INT32_MAX))
+        if pd.api.types.is_integer_dtype(values.dtype) and (
+                values.empty or (values.min() >= INT32_MIN and values.max() <= INT32_MAX)):
+            return  # integers all within range: nothing to flag
+        present = values.notna().to_numpy()
+        numbers = pd.to_numeric(values.where(values.notna()), errors="coerce").to_numpy()
+        with np.errstate(invalid="ignore"):
+            out_of_range = present & ((numbers < INT32_MIN) | (numbers > INT32_MAX))
         _flag(reasons, bad, out_of_range, f"{values.name} is beyond a 32-bit integer")
 
 
