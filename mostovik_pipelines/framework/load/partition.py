@@ -145,7 +145,8 @@ def load_partition(
 
     ``whole_partition=False`` loads one page of a partition (merge-by-version only): no digest
     is trusted or recorded and the ledger keeps the partition's last whole load."""
-    frame = frame[target.columns]
+    if list(frame.columns) != list(target.columns):  # validated frames already are
+        frame = frame[target.columns]
     table_name = target.table.name
     scope = target.partition_scope(partition_key)
     kept = kept if kept is not None and kept.any else None
