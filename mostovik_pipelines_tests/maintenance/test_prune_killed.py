@@ -1,7 +1,9 @@
 """`mostovik prune` killed by SIGKILL half way, as a real process, then run again, ends in the
 state one clean prune reaches on a copy of the same history: the same files with the same bytes
 in the landing store and the op-output storage, the same captured logs, the same runs and the
-same partition state in run storage.
+same partition state in run storage. With the landing store and the op outputs on a local disk,
+and on object storage (a bucket per store, mounted with s3fs: then the buckets' objects are
+exactly the files the mounts show, as test_prune.py checks).
 
 The kill point is found by watching, not by timing: the prune removes op outputs, then old
 fetch records and blobs, then runs, each run's captured logs first, then its events, then its
@@ -23,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from unittest import mock
 
+import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance
 
 from mostovik_pipelines.resources import LandingStoreResource
@@ -36,6 +39,7 @@ from mostovik_pipelines.settings import (
 )
 from mostovik_pipelines_tests.support.instances import runs_with_event_log_files
 from mostovik_pipelines_tests.support.locations import code_location_for
+from mostovik_pipelines_tests.support.object_store import mounted_buckets, why_no_object_store
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
 
@@ -45,8 +49,24 @@ SOURCE = "cbr_daily_rates"
 DAYS = ["2026-11-02", "2026-11-03"]
 OLD_RECORDS_PER_DAY = 50
 """Older fetches landed per day besides the runs' own (each record and its blob a removal)."""
+STORES = ("landing", "storage")
+COPIES = ("killed", "clean")
 NOTHING_KEPT = {KEEP_FAILED_RUN_OUTPUTS_ENV: "0", RETENTION_GRACE_ENV: "0",
                 KEEP_LANDED_ENV: "0", KEEP_RUNS_ENV: "0"}
+
+
+@pytest.fixture(params=["disk", "object storage"])
+def buckets(request, tmp_path):
+    """Where each copy's landing store and op outputs live: directories of a local disk, or a
+    bucket each (``killed-landing``, ...) mounted there with s3fs."""
+    if request.param == "disk":
+        yield None
+        return
+    if reason := why_no_object_store():
+        pytest.skip(reason)
+    with mounted_buckets(tmp_path, tuple(f"{copy}/{store}" for copy in COPIES
+                                         for store in STORES)) as mounted:
+        yield mounted
 
 
 def _history(work_dir: Path, location, standin) -> str:
@@ -84,8 +104,21 @@ def _environment(work_dir: Path, warehouse_url: str, cbr_url: str) -> dict[str, 
 
 def _copy(work_dir: Path, to: Path) -> None:
     """The whole state somewhere else: instance home (its dagster.yaml names its storage by
-    absolute path), SQLite run and event storage, captured logs, landing and op outputs."""
-    shutil.copytree(work_dir, to, symlinks=True)
+    absolute path), SQLite run and event storage, captured logs, landing and op outputs; file
+    by file, times kept, into the stores' directories or mounted buckets."""
+    directories = []
+    for path in sorted(work_dir.rglob("*")):
+        target = to / path.relative_to(work_dir)
+        if path.is_symlink():
+            target.symlink_to(os.readlink(path))
+        elif path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            directories.append((path, target))
+        else:
+            shutil.copy2(path, target)
+    for path, target in reversed(directories):
+        if not os.path.ismount(target):  # a bucket's mount point takes no directory metadata
+            shutil.copystat(path, target)
     config = to / "dagster_home" / "dagster.yaml"
     config.write_text(config.read_text().replace(str(work_dir), str(to)))
 
@@ -152,11 +185,21 @@ def _kill_once_its_logs_are_gone(env: dict[str, str], work_dir: Path, run_id: st
     assert process.returncode == -signal.SIGKILL
 
 
+def _objects_match_files(buckets, tmp_path: Path) -> None:
+    if buckets is None:
+        return
+    for copy in COPIES:
+        for store in STORES:
+            mount = tmp_path / copy / store
+            files = {str(p.relative_to(mount)) for p in mount.rglob("*") if p.is_file()}
+            assert buckets.objects(f"{copy}/{store}") == files, (copy, store)
+
+
 def test_a_prune_killed_half_way_then_run_again_ends_where_one_clean_prune_does(
-    sqlite_warehouse_url, standin_server, standin, cbr_source, tmp_path
+    buckets, sqlite_warehouse_url, standin_server, standin, cbr_source, tmp_path
 ):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
-    killed.mkdir()
+    killed.mkdir(exist_ok=True)
     location = code_location_for(sqlite_warehouse_url, standin_server, killed, [cbr_source])
     superseded = _history(killed, location, standin)
     _copy(killed, clean)
@@ -184,3 +227,4 @@ def test_a_prune_killed_half_way_then_run_again_ends_where_one_clean_prune_does(
     again = _prune(env)
     assert "runs: removed 1 runs" in again.stdout, again.stdout
     assert _state(killed) == once
+    _objects_match_files(buckets, tmp_path)

@@ -45,11 +45,11 @@ class Buckets:
             aws_access_key_id=environment["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=environment["AWS_SECRET_ACCESS_KEY"])
 
-    def objects(self, bucket: str) -> set[str]:
-        """Every object's key in ``bucket``; s3fs's directory markers (keys ending in ``/``)
-        left out."""
+    def objects(self, name: str) -> set[str]:
+        """Every object's key in the bucket mounted at ``name``; s3fs's directory markers (keys
+        ending in ``/``) left out."""
         keys = set()
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket_for(name)):
             keys.update(item["Key"] for item in page.get("Contents", []))
         return {key for key in keys if not key.endswith("/")}
 
@@ -57,7 +57,8 @@ class Buckets:
 @contextlib.contextmanager
 def mounted_buckets(work_dir: Path, names: tuple[str, ...]) -> Iterator[Buckets]:
     """A bucket per name, mounted at ``work_dir / name``; unmounted and the server stopped on
-    the way out."""
+    the way out. A name may be a relative path (``killed/landing``): its bucket is
+    :func:`bucket_for` it."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     # Credentials of the throw-away server, handed to s3fs through its environment only.
@@ -72,6 +73,11 @@ def mounted_buckets(work_dir: Path, names: tuple[str, ...]) -> Iterator[Buckets]
             buckets = _when_serving(server, log, lambda: Buckets(endpoint, environment))
             with _mounted(buckets, names, work_dir, endpoint, environment):
                 yield buckets
+
+
+def bucket_for(name: str) -> str:
+    """The bucket mounted at ``name`` (a bucket's name holds no ``/``)."""
+    return name.replace("/", "-")
 
 
 @contextlib.contextmanager
@@ -92,10 +98,10 @@ def _mounted(buckets: Buckets, names: tuple[str, ...], work_dir: Path, endpoint:
     mounted: list[Path] = []
     try:
         for name in names:
-            buckets.client.create_bucket(Bucket=name)
+            buckets.client.create_bucket(Bucket=bucket_for(name))
             mount_point = work_dir / name
             mount_point.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["s3fs", name, str(mount_point), "-o",
+            subprocess.run(["s3fs", bucket_for(name), str(mount_point), "-o",
                             f"url={endpoint},use_path_request_style,dbglevel=warn"],
                            env=environment, check=True, capture_output=True, text=True)
             mounted.append(mount_point)
