@@ -6,12 +6,15 @@ from __future__ import annotations
 import inspect
 from datetime import timedelta
 
+import pytest
 from dagster import (
     AssetCheckEvaluation,
     AssetKey,
     DagsterInstance,
+    DagsterInvalidDefinitionError,
     FreshnessPolicy,
     MetadataValue,
+    build_reconstructable_job,
     job,
     op,
 )
@@ -43,6 +46,23 @@ def test_a_job_of_the_code_location_is_reconstructed_by_module_and_attribute():
     job = compat.ReconstructableRepository.for_module(
         "mostovik_pipelines", "defs").get_reconstructable_job("cbr_daily_rates_job")
     assert job.get_definition().name == "cbr_daily_rates_job"
+
+
+def _implicit_asset_job(_unused: str):
+    from mostovik_pipelines.definitions import defs
+
+    return defs.resolve_implicit_global_asset_job_def()
+
+
+def test_the_public_reconstructable_job_refuses_the_job_of_asset_runs():
+    """Why re-runs rebuild their job through the module's repository (the private
+    ``ReconstructableRepository``) and not the public ``build_reconstructable_job``: that one
+    puts the job in a repository of its own, which refuses Dagster's implicit asset job, the job
+    of every ``dagster asset materialize`` and UI asset backfill run. When this fails, Dagster
+    takes it: switch ``framework/runs/recovery.py`` to the public API."""
+    with pytest.raises(DagsterInvalidDefinitionError, match="reserved name"):
+        build_reconstructable_job(__name__, _implicit_asset_job.__name__,
+                                  ("implicit",)).get_definition()
 
 
 def test_engine_event_data_carries_text_metadata():

@@ -27,6 +27,10 @@ describe the repeated run's processes, not the job, and are not carried over."""
 
 
 def _reconstructable(job_name: str):
+    """The job by name, rebuilt from the code location module's repository. Not the public
+    ``build_reconstructable_job``: its repository of one job refuses the implicit asset job that
+    ``dagster asset materialize`` and the UI's asset backfills run (pinned by
+    ``test_dagster_compat.py``)."""
     repository = ReconstructableRepository.for_module(CODE_LOCATION_MODULE,
                                                       CODE_LOCATION_ATTRIBUTE)
     return repository.get_reconstructable_job(job_name)
