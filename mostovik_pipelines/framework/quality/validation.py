@@ -82,7 +82,10 @@ def validate_partition(
                 f"columns do not match table {target.table.name}: missing {missing}, "
                 f"unexpected {unexpected}"
             )
-        frame = _as_declared(frame[expected].reset_index(drop=True), target)
+        if list(frame.columns) != expected or not isinstance(frame.index, pd.RangeIndex) or (
+                frame.index.start != 0 or frame.index.step != 1):
+            frame = frame[expected].reset_index(drop=True)
+        frame = _as_declared(frame, target)
     else:
         frame = pd.DataFrame(columns=expected)
     if (frame.empty and not rejected and target.mode is LoadMode.REPLACE_PARTITION
@@ -108,14 +111,20 @@ def validate_partition(
     for name in expected:
         _flag_values_the_column_cannot_hold(reasons, bad, frame[name], target.table.c[name].type)
 
-    exact_duplicates = _exact_duplicates(frame, target.natural_key) & ~bad
-    candidates = frame[~exact_duplicates & ~bad]
-    superseded = _older_versions(candidates, target).reindex(frame.index, fill_value=False)
-    superseded = superseded.to_numpy(dtype=bool)
-    candidates = candidates[~superseded[candidates.index]]
-    conflicting = candidates.duplicated(subset=list(target.natural_key), keep=False)
-    _flag(reasons, bad, conflicting.reindex(frame.index, fill_value=False).to_numpy(dtype=bool),
-          "shares its natural key with a different row")
+    # Only rows that share their natural key with another row can be exact duplicates, older
+    # versions or conflicting: a payload rarely repeats a key, and then none of it is looked at.
+    same_key = frame.duplicated(subset=list(target.natural_key), keep=False).to_numpy(dtype=bool)
+    exact_duplicates = superseded = np.zeros(len(frame), dtype=bool)
+    if same_key.any():
+        exact_duplicates = _exact_duplicates(frame, same_key) & ~bad
+        candidates = frame[~exact_duplicates & ~bad]
+        superseded = _older_versions(candidates, target).reindex(frame.index, fill_value=False)
+        superseded = superseded.to_numpy(dtype=bool)
+        candidates = candidates[~superseded[candidates.index]]
+        conflicting = candidates.duplicated(subset=list(target.natural_key), keep=False)
+        _flag(reasons, bad,
+              conflicting.reindex(frame.index, fill_value=False).to_numpy(dtype=bool),
+              "shares its natural key with a different row")
 
     rejected += [
         RejectedRow(row_number=int(positions[index]), raw=row_text(frame.loc[index]),
@@ -124,20 +133,16 @@ def validate_partition(
         for index, reason in sorted(reasons.items())
     ]
     keep = ~bad & ~exact_duplicates & ~superseded
-    valid = frame[keep].reset_index(drop=True)
+    valid = frame if keep.all() else frame[keep].reset_index(drop=True)
     _refuse_systematic_defects(rejected, len(valid) + len(rejected), max_rejected_share)
     return ValidatedFrame(valid, int(exact_duplicates.sum() + superseded.sum()),
                           tuple(rejected), positions[keep])
 
 
-def _exact_duplicates(frame: pd.DataFrame, natural_key: Sequence[str]) -> np.ndarray:
-    """Rows equal in every column to an earlier row (``frame.duplicated(keep="first")``). Only
-    rows that share their natural key with another row can be, so whole rows are compared among
-    those alone: hashing every value of every column (``Decimal`` and ``date`` objects included)
-    was most of the validation's time, and a payload rarely repeats a key."""
-    same_key = frame.duplicated(subset=list(natural_key), keep=False)
-    if not same_key.any():
-        return np.zeros(len(frame), dtype=bool)
+def _exact_duplicates(frame: pd.DataFrame, same_key: np.ndarray) -> np.ndarray:
+    """Rows equal in every column to an earlier row (``frame.duplicated(keep="first")``), whole
+    rows compared among the ``same_key`` rows alone: hashing every value of every column
+    (``Decimal`` and ``date`` objects included) was most of the validation's time."""
     return (frame[same_key].duplicated(keep="first").reindex(frame.index, fill_value=False)
             .to_numpy(dtype=bool))
 
