@@ -192,6 +192,7 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         kept=_kept_rows(spec, outcome.rejected),
     )
     figures = counts.as_dict(merge=spec.load_mode is LoadMode.MERGE_BY_VERSION)
+    columns = _received_columns(spec)
     return PartitionLoad(
         figures={
             **figures, "rejected": len(quarantined),
@@ -199,9 +200,8 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
             "dagster/row_count": len(outcome.frame), "table": spec.table.name,
             "fetched_at": outcome.landed.fetched_at.isoformat(),
         },
-        # Read by a check only when it compares keys (most are answered by the table alone).
-        received=ReceivedRows(lambda frame=outcome.frame, columns=_received_columns(spec): iter(
-            [frame[columns]])),
+        # Cut by a check only when it compares keys (most are answered by the table alone).
+        received=ReceivedRows(lambda: iter([outcome.frame[columns]])),
         received_rows=len(outcome.frame) + len(outcome.rejected),
         payload_bytes=outcome.landed.size_bytes,
         content_hash=outcome.landed.content_hash,
