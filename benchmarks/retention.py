@@ -1,7 +1,9 @@
 """The retention section: a simulated year of operation, then the prune a year on.
 
-A year is built the way it would have been, on a fresh ``DAGSTER_HOME`` (SQLite run storage),
-landing store and op-output storage, against the stand-in and a migrated warehouse database:
+A year is built the way it would have been, on a fresh ``DAGSTER_HOME``, landing store and
+op-output storage, against the stand-in and a migrated warehouse database, once per instance an
+operator runs (``sqlite``: the repository's ``dagster.yaml``; ``production``:
+``deploy/dagster.yaml``, run storage in a PostgreSQL database of its own):
 
 * every daily source (CBR rates, CBR metal prices, ERP sync windows) over 365 days by the real
   jobs, as the daily schedules run them: a run per source and day, each with its record, event
@@ -19,7 +21,10 @@ landing store and op-output storage, against the stand-in and a migrated warehou
 The clock is not touched: the prune is run in this process with ``now`` a year on (the default
 policy: op outputs and every landed payload but each partition's latest go, runs younger than
 ``keep_runs`` stay), then once more just past ``keep_runs`` (400 days), when the runs no
-partition's present depends on go too. Bytes are what the files take on disk (allocated blocks).
+partition's present depends on go too. Bytes are what the files take on disk (allocated blocks),
+and on the production instance its database's size as PostgreSQL reports it (plus its compute
+logs); after the last prune, also that size once ``VACUUM FULL`` compacted it: what the kept
+runs take, where autovacuum only makes the freed space reusable.
 """
 
 from __future__ import annotations
@@ -41,10 +46,17 @@ from benchmarks.measure import ROOT, run_command
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.delivery_reports import csv_report, deliveries, report_table
+from mostovik_pipelines_tests.support.instances import (
+    create_instance_storage,
+    production_instance,
+)
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 
 DATABASE = "retention"
+INSTANCES = ("sqlite", "production")
+INSTANCE_NAMES = {"sqlite": "the repository's dagster.yaml, SQLite",
+                  "production": "deploy/dagster.yaml, PostgreSQL"}
 BIN = Path(sys.executable).parent
 DAYS = 365
 FIRST_DAY = date(2025, 12, 1)
@@ -76,6 +88,7 @@ class Footprint:
 
 @dataclass
 class RetentionFigures:
+    instance: str
     days: int
     partitions: dict[str, int]
     delivery_files: int
@@ -83,30 +96,54 @@ class RetentionFigures:
     before: Footprint
     after: list[tuple[str, Footprint, float, list[str]]] = field(default_factory=list)
     """Per prune: when (label), the footprint after it, its wall seconds, its report lines."""
+    compacted_instance: int | None = None
+    """Production: the instance's bytes after the last prune, once ``VACUUM FULL`` ran."""
 
 
 def measure_retention(server: ThrowawayPostgres, work_dir: Path,
-                      log: Callable[[str], None]) -> RetentionFigures:
+                      log: Callable[[str], None]) -> list[RetentionFigures]:
+    return [_measure_on(instance, server, work_dir / f"retention_{instance}", log)
+            for instance in INSTANCES]
+
+
+def _measure_on(instance_kind: str, server: ThrowawayPostgres, root: Path,
+                log: Callable[[str], None]) -> RetentionFigures:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
     from mostovik_pipelines.maintenance.policy import RetentionPolicy
     from mostovik_pipelines.maintenance.prune import prune
 
-    root = work_dir / "retention"
     root.mkdir()
+    warehouse, run_storage = f"{DATABASE}_{instance_kind}", f"{DATABASE}_dagster"
     with psycopg.connect(server.dsn(), autocommit=True) as db:
-        db.execute(f"CREATE DATABASE {DATABASE}")
-    warehouse_url = server.url(DATABASE)
+        db.execute(f"CREATE DATABASE {warehouse}")
+    warehouse_url = server.url(warehouse)
     migrate.upgrade(warehouse_url)
-    home = local_dagster_home(root)
+    if instance_kind == "production":
+        home, instance_env = production_instance(server, run_storage, root)
+        create_instance_storage(home, instance_env)
+
+        def instance_bytes() -> int:
+            with psycopg.connect(server.dsn(run_storage)) as db:
+                size = db.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+            return size + _disk_bytes(root / "compute_logs") + _disk_bytes(root / "artifacts")
+    else:
+        home, instance_env = local_dagster_home(root), {}
+
+        def instance_bytes() -> int:
+            return _disk_bytes(root / "dagster")
+    log(f"retention on the {instance_kind} instance")
     standin = StandinServer().start()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "MOSTOVIK_DATA_DIR": str(root / "data"),
+    env = {**os.environ, **instance_env,
+           "DAGSTER_HOME": str(home), "MOSTOVIK_DATA_DIR": str(root / "data"),
            "MOSTOVIK_DATABASE_URL": warehouse_url, "MOSTOVIK_CBR_URL": standin.cbr_url,
            "MOSTOVIK_CBR_METALS_URL": standin.endpoint_url("cbr_metal_prices"),
            "MOSTOVIK_ERP_URL": standin.erp_url,
            "MOSTOVIK_ERP_START_DATE": FIRST_DAY.isoformat(),
            "MOSTOVIK_CBR_METAL_PRICES_START_DATE": FIRST_DAY.isoformat()}
+    # This process reads the instance too (the failed runs' ids, the prunes).
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("MOSTOVIK_", "DAGSTER_"))})
     landing, storage = root / "data" / "landing", root / "data" / "storage"
     keys = [(FIRST_DAY + timedelta(days=n)).isoformat() for n in range(DAYS)]
     started = time.perf_counter()
@@ -123,10 +160,9 @@ def measure_retention(server: ThrowawayPostgres, work_dir: Path,
     build = time.perf_counter() - started
 
     partitions = {source.name: len(list(source.iterdir())) for source in landing.iterdir()}
-    os.environ.update({k: v for k, v in env.items() if k.startswith(("MOSTOVIK_", "DAGSTER_"))})
     check_keys = list(defs.resolve_asset_graph().asset_check_keys)
-    figures = RetentionFigures(DAYS, partitions, DELIVERY_FILES, build,
-                               _footprint(root, landing, storage, home))
+    figures = RetentionFigures(instance_kind, DAYS, partitions, DELIVERY_FILES, build,
+                               _footprint(landing, storage, home, instance_bytes))
     year_on = datetime.now(UTC) + timedelta(days=DAYS)
     past_keep_runs = datetime.now(UTC) + timedelta(days=KEEP_RUNS_DAYS + 1)
     for label, now in (("a year on", year_on), (f"{KEEP_RUNS_DAYS + 1} days on", past_keep_runs)):
@@ -136,8 +172,12 @@ def measure_retention(server: ThrowawayPostgres, work_dir: Path,
             report = prune(instance, landing_dir=landing, op_output_dir=storage,
                            check_keys=check_keys, policy=RetentionPolicy(), now=now)
             seconds = time.perf_counter() - clock
-        figures.after.append((label, _footprint(root, landing, storage, home), seconds,
-                              report.lines()))
+        figures.after.append((label, _footprint(landing, storage, home, instance_bytes),
+                              seconds, report.lines()))
+    if instance_kind == "production":
+        with psycopg.connect(server.dsn(run_storage), autocommit=True) as db:
+            db.execute("VACUUM FULL")
+        figures.compacted_instance = instance_bytes()
     return figures
 
 
@@ -218,13 +258,13 @@ def _delivery_files(landing: Path) -> None:
                        fetched_at=fetched_at + timedelta(hours=4 * number, minutes=attempt))
 
 
-def _footprint(root: Path, landing: Path, storage: Path, home: Path) -> Footprint:
+def _footprint(landing: Path, storage: Path, home: Path,
+               instance_bytes: Callable[[], int]) -> Footprint:
     from dagster import DagsterInstance
 
     with DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs_count()
-    return Footprint(_disk_bytes(landing), _disk_bytes(storage), _disk_bytes(root / "dagster"),
-                     runs)
+    return Footprint(_disk_bytes(landing), _disk_bytes(storage), instance_bytes(), runs)
 
 
 def _disk_bytes(folder: Path) -> int:
@@ -236,8 +276,9 @@ def retention_table(r: RetentionFigures, checks: list[tuple[bool, str]]) -> list
     lines = [
         "",
         f"Retention: a simulated year ({r.days} days of {', '.join(DAILY)}; "
-        f"{r.delivery_files:,} delivery files), built in {r.build_seconds:.0f} s; fresh "
-        "DAGSTER_HOME (SQLite), the prune in process with the default policy",
+        f"{r.delivery_files:,} delivery files) on the {r.instance} instance "
+        f"({INSTANCE_NAMES[r.instance]}), built in {r.build_seconds:.0f} s; the prune in "
+        "process with the default policy",
         "  partitions: " + ", ".join(f"{name} {count:,}" for name, count in
                                      sorted(r.partitions.items())),
         f"{'':<26}{'landing':>12}{'op outputs':>12}{'instance':>12}{'total':>12}{'runs':>7}"
@@ -258,17 +299,27 @@ def retention_table(r: RetentionFigures, checks: list[tuple[bool, str]]) -> list
         f"{last.op_outputs / partitions / 1024:.1f} KiB, instance "
         f"{last.instance / partitions / 1024:.1f} KiB ({partitions:,} partitions)",
         *(f"  prune {label}: {'; '.join(report)}" for label, _f, _s, report in r.after),
-        "  bytes: allocated on disk. The instance's shared SQLite files (index, runs) keep their",
-        "  size after rows are deleted (freed pages are reused; VACUUM would return them); a",
-        "  deleted run's own event-log file is removed with it.",
     ]
+    if r.compacted_instance is not None:
+        lines += [
+            f"  the instance after VACUUM FULL: {_mb(r.compacted_instance)}, "
+            f"{r.compacted_instance / partitions / 1024:.1f} KiB per partition, "
+            f"{r.compacted_instance / last.runs / 1024:.1f} KiB per run kept (what the kept runs",
+            "  take; autovacuum makes the space of deleted rows reusable, it does not return it)",
+        ]
+    else:
+        lines += [
+            "  bytes: allocated on disk. The instance's shared SQLite files (index, runs) keep",
+            "  their size after rows are deleted (freed pages are reused; VACUUM would return",
+            "  them); a deleted run's own event-log file is removed with it.",
+        ]
     year_on = r.after[0][1]
     checks.append((year_on.landing < r.before.landing and year_on.op_outputs == 0,
                    f"a prune a year on keeps {year_on.landing / r.before.landing:.0%} of the "
-                   "landing store and no op outputs (target: less, and none)"))
+                   f"landing store and no op outputs on {r.instance} (target: less, and none)"))
     checks.append((last.runs < r.before.runs and last.op_outputs == 0,
-                   f"a prune past keep_runs keeps {last.runs} of {r.before.runs} runs: those "
-                   "holding a partition's present (target: fewer)"))
+                   f"a prune past keep_runs keeps {last.runs} of {r.before.runs} runs on "
+                   f"{r.instance}: those holding a partition's present (target: fewer)"))
     return lines
 
 
