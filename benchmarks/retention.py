@@ -127,7 +127,8 @@ def _measure_on(instance_kind: str, server: ThrowawayPostgres, root: Path,
         def instance_bytes() -> int:
             with psycopg.connect(server.dsn(run_storage)) as db:
                 size = db.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-            return size + _disk_bytes(root / "compute_logs") + _disk_bytes(root / "artifacts")
+            return size + sum(_disk_bytes(Path(instance_env[name])) for name in (
+                "MOSTOVIK_DAGSTER_LOG_DIR", "MOSTOVIK_DAGSTER_ARTIFACT_DIR"))
     else:
         home, instance_env = local_dagster_home(root), {}
 

@@ -162,8 +162,10 @@ class ReceivedRows:
     read_batches: Callable[[], Iterator[pd.DataFrame]]
 
     @classmethod
-    def of(cls, frame: pd.DataFrame) -> ReceivedRows:
-        return cls(lambda: iter([frame]))
+    def of(cls, frame: pd.DataFrame, columns: Sequence[str] | None = None) -> ReceivedRows:
+        """The rows of ``frame`` (its ``columns``, cut when a check reads them: most checks are
+        answered by the table alone)."""
+        return cls(lambda: iter([frame if columns is None else frame[list(columns)]]))
 
     def batches(self) -> Iterator[pd.DataFrame]:
         return self.read_batches()

@@ -16,62 +16,38 @@ from dagster import build_init_resource_context
 
 from mostovik_pipelines.resources.http import HttpSourceResource, tls_context_for
 
-BODY = b"<ValCurs/>"
-
-
-class _Answer(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(BODY)))
-        self.end_headers()
-        self.wfile.write(BODY)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-def _serve(tls: ssl.SSLContext | None) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
-    if tls is not None:
-        server.socket = tls.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}/daily"
-    finally:
-        server.shutdown()
-        server.server_close()
-
 
 @pytest.fixture
 def self_signed_https(tmp_path: Path) -> Iterator[str]:
-    """An https endpoint whose certificate (for 127.0.0.1) no CA signed."""
+    """An https endpoint whose certificate (for 127.0.0.1) no CA signed: no request reaches it,
+    since a client that verifies ends the handshake."""
     key, certificate = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-keyout", str(key), "-out", str(certificate), "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(certificate, key)
-    yield from _serve(tls)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/daily"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
-@pytest.fixture
-def plain_http() -> Iterator[str]:
-    yield from _serve(None)
-
-
-def _fetch(url: str) -> bytes:
+def _fetch(url: str, params: dict[str, str] | None = None) -> bytes:
     resource = HttpSourceResource(base_url=url, timeout_seconds=5)
     resource.setup_for_execution(build_init_resource_context())
     try:
-        return resource.get().content
+        return resource.get(params).content
     finally:
         resource.teardown_after_execution(build_init_resource_context())
 
 
-def test_a_plain_http_source_is_fetched(plain_http):
-    assert _fetch(plain_http) == BODY
+def test_a_plain_http_source_is_fetched(standin_server):
+    assert b"<ValCurs" in _fetch(standin_server.cbr_url, {"date_req": "04/12/2026"})
 
 
 def test_an_https_source_whose_certificate_no_ca_signed_is_refused(self_signed_https):

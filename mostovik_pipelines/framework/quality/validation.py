@@ -82,8 +82,7 @@ def validate_partition(
                 f"columns do not match table {target.table.name}: missing {missing}, "
                 f"unexpected {unexpected}"
             )
-        if list(frame.columns) != expected or not isinstance(frame.index, pd.RangeIndex) or (
-                frame.index.start != 0 or frame.index.step != 1):
+        if list(frame.columns) != expected or not frame.index.equals(pd.RangeIndex(len(frame))):
             frame = frame[expected].reset_index(drop=True)
         frame = _as_declared(frame, target)
     else:

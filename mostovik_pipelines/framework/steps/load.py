@@ -192,7 +192,6 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         kept=_kept_rows(spec, outcome.rejected),
     )
     figures = counts.as_dict(merge=spec.load_mode is LoadMode.MERGE_BY_VERSION)
-    columns = _received_columns(spec)
     return PartitionLoad(
         figures={
             **figures, "rejected": len(quarantined),
@@ -200,8 +199,7 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
             "dagster/row_count": len(outcome.frame), "table": spec.table.name,
             "fetched_at": outcome.landed.fetched_at.isoformat(),
         },
-        # Cut by a check only when it compares keys (most are answered by the table alone).
-        received=ReceivedRows(lambda: iter([outcome.frame[columns]])),
+        received=ReceivedRows.of(outcome.frame, _received_columns(spec)),
         received_rows=len(outcome.frame) + len(outcome.rejected),
         payload_bytes=outcome.landed.size_bytes,
         content_hash=outcome.landed.content_hash,
