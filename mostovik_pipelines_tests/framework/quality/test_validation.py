@@ -45,6 +45,25 @@ def test_rows_outside_the_partition_or_without_a_key_are_rejected():
                        3: "incomplete natural key ['partition_date', 'char_code']"}
 
 
+def test_rows_repeating_an_incomplete_key_are_rejected_for_it_not_counted_as_copies():
+    result = validate([row("USD"), row("EUR", char_code=None), row("EUR", char_code=None),
+                       row("JPY", char_code=float("nan")), row("USD")])
+    assert list(result.frame["char_code"]) == ["USD"]
+    assert result.duplicates_dropped == 1
+    assert {r.row_number: r.reason for r in result.rejected} == {
+        n: "incomplete natural key ['partition_date', 'char_code']" for n in (2, 3, 4)}
+
+
+@pytest.mark.parametrize("text_dtype", [object, "str"])
+def test_a_missing_text_is_not_too_long_whatever_the_frame_holds_text_as(text_dtype):
+    frame = pd.DataFrame([row("USD", name=None), row("EUR", name="x" * 256)])
+    frame["name"] = frame["name"].astype(text_dtype)
+    result = validate_partition(frame, SOURCE.load_target, DAY.isoformat(), 0.9)
+    assert list(result.frame["char_code"]) == ["USD"]
+    assert {r.row_number: r.reason for r in result.rejected} == {
+        2: "name is longer than the 255 characters it may hold"}
+
+
 def test_values_the_columns_cannot_hold_reject_their_row_not_the_load():
     result = validate([row("USD"), row("EUR", name="x" * 256), row("JPY", nominal=2**31)])
     assert list(result.frame["char_code"]) == ["USD"]
