@@ -1,5 +1,6 @@
-"""Conventions every warehouse table follows: natural-key uniqueness, load bookkeeping, and the
-ledger of partition loads.
+"""Conventions every warehouse table follows: natural-key uniqueness, load bookkeeping (indexed
+by the run that last changed a row, which the rows_in_partition check looks up after every
+partition), and the ledger of partition loads.
 
 On PostgreSQL a target table also gets (:func:`postgresql_conventions`, applied by the
 migrations and by :func:`warehouse_table` on ``create_all``):
@@ -25,6 +26,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Index,
     Integer,
     MetaData,
     String,
@@ -101,6 +103,9 @@ def warehouse_table(name: str, *columns: SchemaItem, natural_key: Sequence[str],
                comment="run that last changed the row's data"),
         Column("changed_at", DateTime(timezone=True), nullable=False),
         UniqueConstraint(*natural_key),
+        # The rows_in_partition check finds the rows a run wrote by this column after every
+        # partition it loads: without the index, a scan of the whole table each time.
+        Index(f"ix_{name}_changed_by_run", "changed_by_run"),
     )
     key_text_columns = {
         key: table.c[key].type.compile(dialect=postgresql.dialect())
