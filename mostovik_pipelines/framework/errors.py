@@ -73,7 +73,12 @@ TRANSIENT_BROKER_ERRORS = {
 def broker_unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the Celery broker or result backend cannot be reached now: one of
     :data:`TRANSIENT_BROKER_ERRORS` or a subclass (Redis still loading its data after a restart
-    raises one), or a plain :class:`ConnectionError`."""
+    raises one), or a plain :class:`ConnectionError`; or the ``RuntimeError`` Celery raises from
+    such an error when its result consumer gives up reconnecting (after about 20 s: "Retry limit
+    exceeded ... must be restarted"). That happens before a task is published, and the consumer
+    connects afresh on the next call."""
+    if type(exc) is RuntimeError and exc.__cause__ is not None:
+        return broker_unreachable(exc.__cause__)
     return isinstance(exc, ConnectionError) or any(
         (cls.__module__, cls.__name__) in TRANSIENT_BROKER_ERRORS for cls in type(exc).__mro__)
 

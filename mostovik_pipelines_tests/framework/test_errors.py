@@ -8,6 +8,7 @@ import sqlite3
 import httpx
 import psycopg
 import pytest
+import redis
 import sqlalchemy.exc
 
 from mostovik_pipelines.framework.errors import (
@@ -17,8 +18,10 @@ from mostovik_pipelines.framework.errors import (
     SourceRateLimited,
     SourceRequestRejected,
     SourceUnavailable,
+    broker_unreachable,
     classify,
 )
+from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 
 
 class _PgError(Exception):
@@ -94,3 +97,30 @@ def test_unknown_exceptions_are_permanent_by_default():
 
 def test_retry_after_is_carried_into_the_verdict():
     assert classify(SourceRateLimited("429", status=429, retry_after=7)).retry_after == 7
+
+
+def test_celery_giving_up_on_its_result_backend_is_the_broker_unreachable_and_publishes_nothing():
+    """A run's orchestrating process submits a step while Redis is away: Celery's result
+    consumer retries its reconnection (20 times by default, about 20 s, here twice) and raises
+    a ``RuntimeError`` from the connection error, before the task is published. The run rides
+    it out as the outage it is and submits again: once Redis is back the consumer connects
+    afresh, and the step is queued once."""
+    from celery import Celery
+
+    server = ThrowawayRedis().start()
+    try:
+        app = Celery("probe", broker=server.url(0), backend=server.url(1), set_as_current=False)
+        app.conf.result_backend_transport_options = {"retry_policy": {
+            "max_retries": 2, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}}
+        server.crash()
+        with pytest.raises(RuntimeError, match="Retry limit exceeded") as gave_up:
+            app.send_task("mostovik.probe")
+        assert broker_unreachable(gave_up.value)
+        assert not broker_unreachable(RuntimeError("a plain bug"))
+        server.start()
+        app.send_task("mostovik.probe")
+        queue = redis.Redis.from_url(server.url(0))
+        assert queue.llen("celery") == 1, "the submission that gave up published nothing"
+        queue.close()
+    finally:
+        server.stop()
