@@ -11,7 +11,9 @@ its runs are queued or running brings one part down for a random outage:
 * ``warehouse``: the warehouse server stops as in a crash (``pg_ctl -m immediate``), then comes
   back on its data;
 * ``run_storage``: the same for the instance's PostgreSQL;
-* ``broker``: Redis is killed (SIGKILL), then started again on its data;
+* ``broker``: Redis is killed (SIGKILL), then started again on its data. The suite's first
+  broker outage, where the range allows, begins while its runs are queued and outlasts Celery's
+  own reconnection (:data:`CELERY_GIVES_UP_SECONDS`), so a submission meets Celery giving up;
 * ``daemon``: dagster-daemon is killed (SIGKILL), then started again;
 * ``disk_full``: the landing store's disk is full from before the launch until a run's first
   write to it has failed, then freed (only as root, which can mount a small disk).
@@ -79,6 +81,10 @@ ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
 RUNS_LIMIT_SECONDS = BACKFILL_LIMIT_SECONDS + 2 * PROCESS_START_MARGIN_SECONDS
+CELERY_GIVES_UP_SECONDS = 25.0
+"""Past this, a step submitted while Redis is away meets Celery's result consumer giving up its
+reconnection (20 retries about a second apart, from a run process started a few seconds into
+the outage)."""
 """A scenario's runs: launched by the backfill daemon or the queue, their steps on Celery, a
 part away for the outage on top."""
 
@@ -218,6 +224,10 @@ class PlatformSuite:
                 code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
         outage = rng.uniform(*self.outage_seconds)
         point = "before" if kind == "disk_full" else rng.choice(("queued", "running"))
+        if (kind == "broker" and not self.totals.faults[kind]
+                and self.outage_seconds[1] > CELERY_GIVES_UP_SECONDS):
+            outage = rng.uniform(CELERY_GIVES_UP_SECONDS, self.outage_seconds[1])
+            point = "queued"
         length = "until-written" if kind == "disk_full" else f"{outage:.0f}s"
         notes = [kind, f"{length}@{point}", "backfill" if backfill else "runs",
                  f"{partitions[0]}..{partitions[-1]}({len(partitions)})"]

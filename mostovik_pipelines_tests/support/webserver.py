@@ -379,6 +379,11 @@ RUN_ERRORS_QUERY = """
               message
               error {
                 message
+                errorChain {
+                  error {
+                    message
+                  }
+                }
               }
               failureMetadata {
                 description
@@ -844,6 +849,9 @@ class DagsterGraphQL:
                 parts.append(event["failureMetadata"]["description"])
             if event.get("error"):
                 parts.append(event["error"]["message"])
+                # What the step's own code raised: Dagster wraps it, naming only the op.
+                parts += [link["error"]["message"]
+                          for link in event["error"].get("errorChain") or ()]
             messages.append(": ".join(part.strip() for part in parts if part))
         return messages
 
