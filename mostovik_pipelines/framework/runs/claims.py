@@ -16,7 +16,9 @@ in a lock the operating system or the database releases when the process ends:
 A claim on PostgreSQL lives on one connection, and the database can drop it while the process
 lives (a restart, a failover, a network cut): a keeper thread checks the connection every
 :data:`KEEPER_CHECK_SECONDS` and, when it is gone, connects again and takes the claim again as
-soon as the database answers. Until then the claim looks free, so for
+soon as the database answers. A claim taken while the database is away (a step starting during
+a restart, its storage calls riding it out) is taken the same way, by the keeper, once it
+answers. Until then the claim looks free, so for
 :data:`RETAKE_GRACE_SECONDS` after the database (re)started a free claim taken before that start
 proves nothing and the check counts it as held: every live holder has taken it again by then.
 
@@ -117,7 +119,9 @@ class _ClaimKeeper:
         self._dsn = dsn
         self._key = _lock_key(run_id)
         self._released = threading.Event()
-        self._connection = self._take()
+        self._connection: psycopg.Connection | None = None
+        with contextlib.suppress(psycopg.OperationalError):  # away: the keeper takes it
+            self._connection = self._take()
         self._thread = threading.Thread(target=self._keep, name=f"claim {run_id}", daemon=True)
         self._thread.start()
 
@@ -129,25 +133,28 @@ class _ClaimKeeper:
 
     def _keep(self) -> None:
         while not self._released.wait(KEEPER_CHECK_SECONDS):
-            try:
-                self._connection.execute("SELECT 1")
-                continue
-            except psycopg.Error:
-                self._connection.close()
+            if self._connection is not None:
+                try:
+                    self._connection.execute("SELECT 1")
+                    continue
+                except psycopg.Error:
+                    self._connection.close()
+                    self._connection = None
             while not self._released.is_set():
                 try:
                     self._connection = self._take()
                     break
                 except psycopg.Error:
                     time.sleep(RECONNECT_SECONDS)
-            if self._released.is_set():
+            if self._released.is_set() and self._connection is not None:
                 self._connection.close()
 
     def release(self) -> None:
         self._released.set()
         # A keeper busy reconnecting closes what it gets once it sees the release.
         self._thread.join(timeout=1)
-        self._connection.close()
+        if self._connection is not None:
+            self._connection.close()
 
 
 def _acquire(instance: DagsterInstance, run_id: str):

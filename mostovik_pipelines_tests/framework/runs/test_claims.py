@@ -131,3 +131,25 @@ def test_a_claim_is_taken_again_after_a_restart_and_trusted_free_only_after_the_
             assert not run_claim_held(instance, "run-r", taken_at=time.time())
     finally:
         run_storage.stop()
+
+
+def test_a_claim_taken_while_the_database_is_away_is_held_once_it_answers(tmp_path, monkeypatch):
+    """A step that starts while the run storage restarts (its storage calls ride the outage
+    out): taking its claim must not fail the step; it is held as soon as the database answers.
+    make chaos found a step failed by it (platform seed 7, scenario 1)."""
+    run_storage = ThrowawayPostgres().start()
+    try:
+        home, environment = production_instance(run_storage, "dagster_claims", tmp_path)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        with DagsterInstance.from_config(str(home)) as instance:
+            _postgres_dsn(instance)  # the instance's storage, built while the database is up
+            run_storage.pause()
+            with hold_run_claim(instance, "run-a"):
+                run_storage.resume()
+                wait_until(lambda: run_claim_held(instance, "run-a", taken_at=time.time()),
+                           KEEPER_CHECK_SECONDS + RECONNECT_SECONDS + 30,
+                           "the claim taken once the database answers")
+            assert not run_claim_held(instance, "run-a", taken_at=time.time())
+    finally:
+        run_storage.stop()
