@@ -32,6 +32,7 @@ from dagster import (
 )
 
 from mostovik_pipelines.framework.errors import Verdict, classify
+from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY
 from mostovik_pipelines.settings import setting
 
 OUTAGE_SETTING = "MOSTOVIK_STEP_OUTAGE_SECONDS"
@@ -160,7 +161,7 @@ def failure_for(step: StepContext, verdict: Verdict, attempt: int, policy: Retry
     return Failure(
         description=f"{headline}: {verdict.reason}",
         metadata={
-            "mostovik/error_class": verdict.label,
+            ERROR_CLASS_KEY: verdict.label,
             "mostovik/error_kind": verdict.kind,
             "mostovik/source": step.source,
             "mostovik/partition": step.partition_key,

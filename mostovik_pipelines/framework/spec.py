@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
@@ -221,6 +221,25 @@ class SourceSchedule:
 
 
 @dataclass(frozen=True)
+class CatchUpPolicy:
+    """What the source's schedule (or sensor) asks for again without an operator, so that the
+    runs nobody launches by hand add up to every period's data (:mod:`..automation`)."""
+
+    lookback: timedelta = timedelta(days=7)
+    """How far back partitions are looked after: within it, a partition that is missing, was
+    not available yet, failed on a transient error or (syncs) was not synced after its window
+    closed is asked for again. Older ones wait for an operator's backfill."""
+    settle: timedelta = timedelta(0)
+    """Syncs: how long after its window closes the source may still change it (a lagging
+    replica). A window is final once a sync that started after close + settle succeeded."""
+    backoff: timedelta = timedelta(minutes=30)
+    """After a transient failure a partition is asked for again no sooner than this, doubled
+    with every further failure in a row, up to ``max_backoff``: a source down for a week costs
+    a handful of runs, not one per tick."""
+    max_backoff: timedelta = timedelta(days=1)
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     """Everything the framework needs to know to extract, transform and load one source."""
 
@@ -306,6 +325,9 @@ class SourceSpec:
     shows in the UI and raises an alert (:mod:`.alerts`)."""
     checks: Sequence[PartitionCheck] = ()
     """The source's own asset checks, run after the framework's (:mod:`.checks`)."""
+    catch_up: CatchUpPolicy = field(default_factory=CatchUpPolicy)
+    """What the schedule or sensor asks for again without an operator: lookback, settle time
+    of a sync's window, backoff after transient failures."""
 
     @property
     def load_target(self) -> LoadTarget:

@@ -42,8 +42,8 @@ from dagster import (
     OpExecutionContext,
     Out,
     Output,
-    RunRequest,
     ScheduleEvaluationContext,
+    SkipReason,
     define_asset_job,
     graph_asset,
     op,
@@ -56,6 +56,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
     source_resource_key,
 )
 from mostovik_pipelines.framework.assets.view import asset_kinds, asset_metadata
+from mostovik_pipelines.framework.automation.catch_up import plan_catch_up
 from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.tags import business_tags
 from mostovik_pipelines.framework.spec import SourceSpec
@@ -186,14 +187,17 @@ def _schedule(spec: SourceSpec, job):
         execution_timezone=spec.schedule.timezone,
         job=job,
         default_status=DefaultScheduleStatus.RUNNING,
-        description=f"Refresh the {latest} newest partition(s) of {spec.name}.",
+        description=f"Refresh the {latest} newest partition(s) of {spec.name} and catch up on "
+                    f"every partition of the last {spec.catch_up.lookback.days} days that is not "
+                    "final (see mostovik/requested_because on each run).",
     )
-    def refresh_latest_partitions(context: ScheduleEvaluationContext):
-        keys = spec.partitions_def.get_partition_keys(
-            current_time=context.scheduled_execution_time
-        )
-        tick = (context.scheduled_execution_time or datetime.now(UTC)).isoformat()
-        for key in keys[-latest:]:
-            yield RunRequest(partition_key=key, run_key=f"{key}@{tick}")
+    def refresh_and_catch_up(context: ScheduleEvaluationContext):
+        now = context.scheduled_execution_time or datetime.now(UTC)
+        plan = plan_catch_up(context.instance, spec, now)
+        for line in plan.describe():
+            context.log.info(line)
+        if not plan.runs:
+            return SkipReason(f"nothing to ask for: {len(plan.held)} partition(s) held")
+        return [run.run_request(now) for run in plan.runs]
 
-    return refresh_latest_partitions
+    return refresh_and_catch_up

@@ -14,6 +14,7 @@ stop its process, which goes on loading (:data:`FAILED_BUT_ALIVE_LOOKBACK_SECOND
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -86,7 +87,7 @@ def older_runs_in_flight(
         targets_source = run.job_name == claim.job_name or (
             run.asset_selection is not None and claim.asset_key in run.asset_selection
         )
-        if (targets_source and claim.partition_keys & _run_partitions(run, partitions_def)
+        if (targets_source and claim.partition_keys & run_partitions(run.tags, partitions_def)
                 and _alive(instance, record)):
             older.append(run)
     return older
@@ -108,8 +109,8 @@ def _alive(instance: DagsterInstance, record: RunRecord) -> bool:
     return time.time() - changed < LAUNCH_GRACE_SECONDS
 
 
-def _run_partitions(run: DagsterRun, partitions_def: PartitionsDefinition) -> set[str]:
-    tags = run.tags
+def run_partitions(tags: Mapping[str, str], partitions_def: PartitionsDefinition) -> set[str]:
+    """The partitions a run covers, by its partition tag or its range tags."""
     if PARTITION_TAG in tags:
         return {tags[PARTITION_TAG]}
     start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)

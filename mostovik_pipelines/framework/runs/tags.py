@@ -23,6 +23,18 @@ RANGE_END_TAG = "dagster/asset_partition_range_end"
 STATUS_TAG = f"{TAG_PREFIX}status"
 """The ADR-016 status of a finished job: completed, partial or failed."""
 
+# Written by the schedules and sensors that ask for partitions (framework/automation):
+REQUESTED_BECAUSE_TAG = f"{TAG_PREFIX}requested_because"
+"""Why the automation asked for the run's partitions: ``newest``, ``window_closed``,
+``after_failure``, ``missing`` (several, comma-separated, for a ranged run)."""
+
+# Metadata of a step's failure and of a ranged run's set-aside partitions:
+ERROR_CLASS_KEY = f"{TAG_PREFIX}error_class"
+"""``transient`` or ``permanent`` (:func:`mostovik_pipelines.framework.errors.classify`)."""
+PERMANENT = "permanent"
+FAILED_PERMANENTLY_KEY = f"{TAG_PREFIX}failed_permanently"
+"""The partitions of a ranged run set aside for a permanent reason: they wait for an operator."""
+
 # Written by `mostovik jobs rerun`:
 LAUNCHED_BY_TAG = f"{TAG_PREFIX}launched_by"
 RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"

@@ -19,7 +19,7 @@ from mostovik_pipelines.framework.retries import (
 )
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
-from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY, PERMANENT, STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import JobStatus, record_step
 from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import (
@@ -89,7 +89,9 @@ def fail_or_set_aside(
     if isinstance(decision, RetryRequested) or not ranged:
         raise decision from exc
     context.log.error(decision.description)
-    return PartitionFailure(step.partition_key, step.step, decision.description or str(exc))
+    error_class = decision.metadata.get(ERROR_CLASS_KEY)
+    return PartitionFailure(step.partition_key, step.step, decision.description or str(exc),
+                            permanent=error_class is not None and error_class.value == PERMANENT)
 
 
 def stopped(context: OpExecutionContext, reason: str) -> StepOutcomes:

@@ -35,7 +35,7 @@ from mostovik_pipelines.framework.quality.checks import blocks, evaluate_partiti
 from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
 from mostovik_pipelines.framework.quality.validation import row_text
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
-from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.tags import FAILED_PERMANENTLY_KEY, STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS, completed_or_partial
 from mostovik_pipelines.framework.spec import LoadedPartition, ReceivedRows, RejectedRow, SourceSpec
 from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
@@ -146,6 +146,8 @@ def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: As
         context.log_event(AssetObservation(asset_key=asset_key, metadata={
             "mostovik/skipped": MetadataValue.json({o.partition_key: o.reason for o in skipped}),
             "mostovik/failed": MetadataValue.json({o.partition_key: o.message for o in failed}),
+            FAILED_PERMANENTLY_KEY: MetadataValue.json(
+                [o.partition_key for o in failed if o.permanent]),
         }))
     if failed:
         shown = "; ".join(f.message for f in failed[:SHOWN_FAILURES])

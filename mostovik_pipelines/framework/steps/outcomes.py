@@ -41,6 +41,9 @@ class PartitionFailure:
     partition_key: str
     step: str
     message: str
+    permanent: bool = False
+    """The failure is permanent (a contract or validation error): the partition waits for an
+    operator and is never asked for again automatically (:mod:`.automation`)."""
 
 
 @dataclass(frozen=True)
