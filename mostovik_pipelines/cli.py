@@ -306,12 +306,16 @@ def _known_source(source: str | None) -> None:
 @click.option("--since", type=click.DateTime(), help="Jobs created since (UTC).")
 @click.option("--limit", default=50, show_default=True)
 @click.option("--stuck", is_flag=True, help="Jobs running longer than their source allows.")
+@click.option("--waiting", is_flag=True,
+              help="Failed jobs whose partitions wait for an operator (failed for a permanent "
+                   "reason, or cancelled: nothing asks for them again automatically).")
 @click.option("--json", "as_json", is_flag=True)
-def jobs_list(source, job_type, status, period_from, period_to, since, limit, stuck,
+def jobs_list(source, job_type, status, period_from, period_to, since, limit, stuck, waiting,
               as_json) -> None:
-    """Jobs, newest first."""
+    """Jobs, newest first. A failed job whose partitions wait for an operator says so."""
     from datetime import UTC
 
+    from mostovik_pipelines.framework.automation.partition_states import waiting_for_operator
     from mostovik_pipelines.framework.runs.tracking import JobStatus, list_jobs, stuck_jobs
     from mostovik_pipelines.sources import ALL_SOURCES
 
@@ -322,12 +326,20 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
     else:
         found = list_jobs(
             instance, source=source, job_type=job_type,
-            status=JobStatus(status) if status else None, period_from=period_from,
-            period_to=period_to, since=since.replace(tzinfo=UTC) if since else None,
+            status=JobStatus.FAILED if waiting else JobStatus(status) if status else None,
+            period_from=period_from, period_to=period_to,
+            since=since.replace(tzinfo=UTC) if since else None,
             limit=limit, sources=ALL_SOURCES,
         )
+    specs = {spec.name: spec for spec in ALL_SOURCES}
+    waits = {job.run_id: waiting_for_operator(instance, specs[job.source], job.partitions,
+                                              job.run_id)
+             for job in found if job.status is JobStatus.FAILED and job.source in specs}
+    if waiting:
+        found = [job for job in found if waits.get(job.run_id)]
     if as_json:
-        click.echo(json.dumps([job.as_dict() for job in found], indent=1, default=str))
+        click.echo(json.dumps([{**job.as_dict(), "waiting_for_operator": waits.get(
+            job.run_id, [])} for job in found], indent=1, default=str))
     else:
         click.echo(f"{'run':<36}  {'source':<16} {'type':<6} {'period':<23} {'status':<9} "
                    f"{'ins':>5} {'upd':>5} {'del':>5} {'rej':>4}  launched by")
@@ -336,7 +348,9 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
             click.echo(f"{job.run_id:<36}  {job.source or '-':<16} {job.job_type or '-':<6} "
                        f"{job.period:<23} {job.status.value:<9} {t.get('inserted', 0):>5} "
                        f"{t.get('updated', 0):>5} {t.get('deleted', 0):>5} "
-                       f"{t.get('rejected', 0):>4}  {job.launched_by}")
+                       f"{t.get('rejected', 0):>4}  {job.launched_by}"
+                       + (f"; waiting for an operator: {', '.join(waits[job.run_id])}"
+                          if waits.get(job.run_id) else ""))
     if stuck and found:
         sys.exit(EXIT_JOB_FAILED)
 

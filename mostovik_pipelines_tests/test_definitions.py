@@ -43,21 +43,32 @@ def test_the_newest_cbr_partition_is_tomorrow_in_moscow():
     assert keys[-1] == tomorrow.isoformat()
 
 
-def test_schedule_asks_for_tomorrow_only():
-    """Today's rates were loaded as tomorrow's the day before; a reload of them at 16:00 would
-    keep the freshness policy green while tomorrow's are missing."""
+def test_the_schedule_asks_for_tomorrow_and_every_day_of_its_lookback_not_loaded_in_one_run():
+    """On an instance with nothing loaded, the 16:00 tick asks for tomorrow's rates (newest)
+    and the week before it (missing), as one ranged run: the CBR's backfill policy is a single
+    run. What it asks for once partitions are loaded is test_catch_up.py's."""
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
-    from dagster import build_schedule_context
+    from dagster import build_schedule_context, instance_for_test
+
+    from mostovik_pipelines.framework.runs.tags import (
+        RANGE_END_TAG,
+        RANGE_START_TAG,
+        REQUESTED_BECAUSE_TAG,
+    )
 
     schedule = defs.get_repository_def().get_schedule_def("cbr_daily_rates_schedule")
-    context = build_schedule_context(
+    with instance_for_test() as instance, build_schedule_context(
+        instance=instance,
         scheduled_execution_time=datetime(2026, 11, 10, 16, 0, tzinfo=ZoneInfo("Europe/Moscow")),
         repository_def=defs.get_repository_def(),
-    )
-    requests = list(schedule.evaluate_tick(context).run_requests)
-    assert [r.partition_key for r in requests] == ["2026-11-11"]
+    ) as context:
+        (request,) = schedule.evaluate_tick(context).run_requests
+    assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == (
+        "2026-11-03", "2026-11-11")
+    assert request.tags[REQUESTED_BECAUSE_TAG] == (
+        "missing 2026-11-03..2026-11-10; newest 2026-11-11")
 
 
 def test_the_workspace_file_loads_the_code_location_as_dagster_dev_does():

@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.framework.retries import RetryPolicy
+from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 
 if TYPE_CHECKING:
@@ -237,6 +238,16 @@ class CatchUpPolicy:
     with every further failure in a row, up to ``max_backoff``: a source down for a week costs
     a handful of runs, not one per tick."""
     max_backoff: timedelta = timedelta(days=1)
+
+    @classmethod
+    def from_settings(cls, prefix: str, *, lookback_days: int = 7,
+                      settle_minutes: int = 0) -> CatchUpPolicy:
+        """The policy with the lookback and settle time an operator can set in the environment,
+        ``<prefix>_LOOKBACK_DAYS`` and ``<prefix>_SETTLE_MINUTES`` (the defaults as given)."""
+        return cls(
+            lookback=timedelta(days=int(setting(f"{prefix}_LOOKBACK_DAYS", str(lookback_days)))),
+            settle=timedelta(minutes=int(setting(f"{prefix}_SETTLE_MINUTES",
+                                                 str(settle_minutes)))))
 
 
 @dataclass(frozen=True)

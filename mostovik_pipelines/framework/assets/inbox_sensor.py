@@ -10,6 +10,11 @@ before the runs are submitted, in the same tick; a tick that fails advances no c
 next one asks again and Dagster's run-key check keeps that from running anything twice. After a
 cursor reset every file is hashed once more and the run keys again keep the work from repeating.
 
+A version whose run failed on a transient error (the inbox's share unreadable, the warehouse
+away past the run's budget, a lost worker) is asked for again within the source's lookback,
+after a backoff (:func:`.automation.catch_up.file_versions_to_retry`), while it is still the
+file's version in the inbox; one that failed for a permanent reason waits for an operator.
+
 Re-processing a version on purpose goes around the run key: ``mostovik jobs rerun``, or a run of
 the job for that partition launched from the UI.
 """
@@ -17,6 +22,7 @@ the job for that partition launched from the UI.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
@@ -30,6 +36,8 @@ from dagster import (
     sensor,
 )
 
+from mostovik_pipelines.framework.automation.catch_up import Reason, file_versions_to_retry
+from mostovik_pipelines.framework.runs.tags import REQUESTED_BECAUSE_TAG
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of, version_key
 from mostovik_pipelines.settings import setting
 
@@ -75,9 +83,23 @@ def new_file_versions_sensor(spec: SourceSpec, job: Any, resource_key: str):
             context.log.info(f"{len(new_versions)} new file version(s): {sorted(new_versions)}")
         run_keys = {key: _run_key(context, spec, key, content_hash, existing)
                     for key, content_hash in new_versions.items()}
+        in_inbox = {version_key(name, seen_file[2]) for name, seen_file in now_seen.items()}
+        retries = {key: failed_run for key, failed_run in file_versions_to_retry(
+            context.instance, spec, datetime.now(UTC)).items()
+            if key in in_inbox and key not in new_versions}
+        if retries:
+            context.log.info(f"asking again after a transient failure: {sorted(retries)}")
         return SensorResult(
-            run_requests=[RunRequest(partition_key=key, run_key=run_keys[key])
-                          for key in sorted(new_versions)],
+            run_requests=[
+                *(RunRequest(partition_key=key, run_key=run_keys[key],
+                             tags={REQUESTED_BECAUSE_TAG: Reason.NEW_FILE.value})
+                  for key in sorted(new_versions)),
+                # One run per failed run: a version whose retry fails too is asked for again
+                # once its backoff has passed, never twice for the same failure.
+                *(RunRequest(partition_key=key, run_key=f"after:{failed_run}",
+                             tags={REQUESTED_BECAUSE_TAG: Reason.AFTER_FAILURE.value})
+                  for key, failed_run in sorted(retries.items())),
+            ],
             dynamic_partitions_requests=[AddDynamicPartitionsRequest(partitions_name, missing)]
             if missing else [],
             cursor=json.dumps(now_seen, separators=(",", ":")),

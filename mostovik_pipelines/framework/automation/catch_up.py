@@ -61,6 +61,8 @@ class Reason(enum.StrEnum):
     MISSING = "missing"
     IN_RANGE = "in_range"
     """Final already, re-loaded because it lies between two partitions a single run asks for."""
+    NEW_FILE = "new_file"
+    """A file source's new version in the inbox."""
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,12 @@ from dagster import (
     TimeWindowPartitionsDefinition,
 )
 
-from mostovik_pipelines.framework.runs.in_flight import run_partitions
 from mostovik_pipelines.framework.runs.tags import (
     ERROR_CLASS_KEY,
     FAILED_PERMANENTLY_KEY,
     PERMANENT,
     SOURCE_TAG,
+    run_partitions,
 )
 from mostovik_pipelines.framework.spec import JobType, SourceSpec
 
@@ -234,3 +234,15 @@ class _RunFates:
                         set_aside.update(listed.value)
             self._permanent[run_id] = (whole_run, set_aside)
         return self._permanent[run_id]
+
+
+def waiting_for_operator(instance: DagsterInstance, spec: SourceSpec, partitions: Sequence[str],
+                         run_id: str) -> list[str]:
+    """The partitions of run ``run_id`` that wait for an operator because of it: it is their
+    latest run, and it failed for a permanent reason or was cancelled."""
+    record = instance.get_run_record_by_id(run_id)
+    if record is None or not partitions:
+        return []
+    states = partition_states(instance, spec, partitions, runs_since=record.create_timestamp)
+    return [key for key, state in states.items()
+            if state.waiting_for_operator and state.latest_run == run_id]

@@ -6,7 +6,9 @@
   launched through the location: the UI, schedules, sensors, backfills, re-executions; a run of
   ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
   alert, built from the job view of :mod:`.tracking` (source, period, the classified error),
-  unless the daemon's run retries will run it again (its retry alerts if it fails too); a run
+  unless the daemon's run retries will run it again (its retry alerts if it fails too); the
+  partitions it failed for a permanent reason are named as waiting for an operator (nothing
+  asks for them again automatically, :mod:`..automation`); a run
   that died without writing its final ``mostovik/status`` (it still says ``running``, or the
   status its parent ended with) gets ``failed``, so the UI's run list filters it with the
   others. ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert:
@@ -37,6 +39,7 @@ from dagster import (
     sensor,
 )
 
+from mostovik_pipelines.framework.automation.partition_states import waiting_for_operator
 from mostovik_pipelines.framework.dagster_compat import (
     CronFreshnessPolicy,
     TimeWindowFreshnessPolicy,
@@ -80,6 +83,7 @@ def _cancelled_runs_status() -> SensorDefinition:
 
 
 def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
+    by_name = {spec.name: spec for spec in sources}
     @run_failure_sensor(
         name="run_failure_alerts",
         description="One alert per failed run of any job of this code location (UI asset "
@@ -100,16 +104,31 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
             context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
         job = load_job(context.instance, run.run_id, sources)
         error = job.errors[0] if job.errors else None
+        spec = by_name.get(job.source or "")
+        waiting = waiting_for_operator(context.instance, spec, job.partitions, run.run_id) if (
+            spec) else []
         alert_notifier.notify(Alert(
             kind="run_failure", source=job.source, period=job.period,
             job_status=JobStatus.FAILED.value,
             error_class=error.error_class if error else "unclassified",
             error_kind=error.kind if error else None,
-            message=(error.message if error else context.failure_event.message) or "",
+            message=((error.message if error else context.failure_event.message) or "")
+            + _what_comes_next(job.partitions, waiting),
             link=alert_notifier.run_link(run.run_id), run_id=run.run_id,
         ), context.log)
 
     return run_failure_alerts
+
+
+def _what_comes_next(partitions: Sequence[str], waiting: Sequence[str]) -> str:
+    """What the automation does next: a partition failed for good waits for a person, named;
+    the others are asked for again by their schedule or sensor (:mod:`..automation`)."""
+    if not waiting:
+        return ""
+    rest = len(partitions) - len(waiting)
+    return (f" | waiting for an operator: {', '.join(waiting)}"
+            + (f" (the other {rest} partition(s) are asked for again automatically)"
+               if rest else ""))
 
 
 def _freshness_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:

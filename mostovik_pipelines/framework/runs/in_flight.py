@@ -14,7 +14,6 @@ stop its process, which goes on loading (:data:`FAILED_BUT_ALIVE_LOOKBACK_SECOND
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -24,14 +23,13 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
-    PartitionKeyRange,
     PartitionsDefinition,
     RunRecord,
     RunsFilter,
 )
 
 from mostovik_pipelines.framework.runs.claims import run_claim_held
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.framework.runs.tags import run_partitions
 
 IN_FLIGHT = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 NOT_STARTED_GRACE_SECONDS = 120
@@ -107,13 +105,3 @@ def _alive(instance: DagsterInstance, record: RunRecord) -> bool:
     changed = max(record.create_timestamp.timestamp(), record.update_timestamp.timestamp(),
                   record.start_time or 0.0)
     return time.time() - changed < LAUNCH_GRACE_SECONDS
-
-
-def run_partitions(tags: Mapping[str, str], partitions_def: PartitionsDefinition) -> set[str]:
-    """The partitions a run covers, by its partition tag or its range tags."""
-    if PARTITION_TAG in tags:
-        return {tags[PARTITION_TAG]}
-    start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
-    if start and end:
-        return set(partitions_def.get_partition_keys_in_range(PartitionKeyRange(start, end)))
-    return set()

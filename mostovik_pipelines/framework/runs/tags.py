@@ -3,7 +3,10 @@ UI's run list by (source, job kind, period, status), and nothing else."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from dagster import PartitionKeyRange, PartitionsDefinition
 
 if TYPE_CHECKING:
     from mostovik_pipelines.framework.spec import SourceSpec
@@ -43,3 +46,13 @@ RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"
 def business_tags(spec: SourceSpec) -> dict[str, str]:
     """Tags every run of the source's job carries: its job type and its source."""
     return {JOB_TYPE_TAG: spec.job_type.value, SOURCE_TAG: spec.name}
+
+
+def run_partitions(tags: Mapping[str, str], partitions_def: PartitionsDefinition) -> set[str]:
+    """The partitions a run covers, by its partition tag or its range tags."""
+    if PARTITION_TAG in tags:
+        return {tags[PARTITION_TAG]}
+    start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
+    if start and end:
+        return set(partitions_def.get_partition_keys_in_range(PartitionKeyRange(start, end)))
+    return set()

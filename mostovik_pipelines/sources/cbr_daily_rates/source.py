@@ -18,6 +18,7 @@ from sqlalchemy import Column, Date, Index, Integer, String, select
 from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import (
+    CatchUpPolicy,
     CheckRequest,
     CheckResult,
     JobType,
@@ -109,11 +110,14 @@ SOURCE = SourceSpec(
         base_url=setting(URL_SETTING, DEFAULT_URL),
         timeout_seconds=float(setting("MOSTOVIK_CBR_TIMEOUT_SECONDS", "30")),
     ),
-    # Today's and tomorrow's partitions: tomorrow's appears after ~15:30, today's may be revised.
-    # Tomorrow's partition only: today's was loaded as tomorrow's yesterday, and a reload of
-    # it would make the freshness policy pass while tomorrow's rates are missing.
+    # Tomorrow's partition at every tick (it appears after ~15:30); every day of the last week
+    # not loaded yet with it, in the same run: Sunday's and Monday's rates can only be had once
+    # the day has come (asked earlier, the CBR answers with Saturday's), a day the CBR was down
+    # for all three ticks comes in at the next one. Today's, loaded as tomorrow's yesterday, is
+    # not reloaded: that would make the freshness policy pass while tomorrow's are missing.
     schedule=SourceSchedule(cron="0 12,16,20 * * *", timezone="Europe/Moscow",
                             latest_partitions=1),
+    catch_up=CatchUpPolicy.from_settings("MOSTOVIK_CBR", lookback_days=7),
     extract_retry=RetryPolicy(max_attempts=4, base_delay_seconds=2.0, max_delay_seconds=60.0),
     # One unreadable currency of ~40 is quarantined and the rest loaded (a partial job); more
     # than a tenth means the format changed, and nothing is loaded.

@@ -20,7 +20,7 @@ from sqlalchemy import Column, Date, Integer
 
 from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.retries import RetryPolicy
-from mostovik_pipelines.framework.spec import JobType, SourceSchedule, SourceSpec
+from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, SourceSchedule, SourceSpec
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.cbr_metal_prices.parse import fetch_metal_prices, parse_metal_prices
@@ -68,6 +68,7 @@ SOURCE = SourceSpec(
     # Once a day, after the CBR has set the day's prices: today's and yesterday's partitions
     # (a day that was "not available yet" yesterday is loaded today).
     schedule=SourceSchedule(cron="0 18 * * *", timezone="Europe/Moscow", latest_partitions=2),
+    catch_up=CatchUpPolicy.from_settings("MOSTOVIK_CBR_METALS", lookback_days=7),
     extract_retry=RetryPolicy(max_attempts=4, base_delay_seconds=2.0, max_delay_seconds=60.0),
     # One unreadable metal of four is quarantined and the others loaded (a partial job); more
     # means the format changed, and nothing is loaded.

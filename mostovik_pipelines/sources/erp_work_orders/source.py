@@ -18,7 +18,7 @@ from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Index, Strin
 
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.framework.retries import RetryPolicy
-from mostovik_pipelines.framework.spec import JobType, SourceSchedule, SourceSpec
+from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, SourceSchedule, SourceSpec
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.erp_work_orders.parse import STATUSES, TIMEZONE, extract, transform
@@ -85,6 +85,9 @@ SOURCE = SourceSpec(
     max_runtime_seconds=60 * 60,
     protocol="rest",
     # The schedule syncs today's window every hour: two hours without a sync means it stopped.
+    # A day's window is final once a sync that started 5 minutes after midnight has succeeded:
+    # the 00:05 tick syncs yesterday's window with today's. A week of windows is caught up.
+    catch_up=CatchUpPolicy.from_settings("MOSTOVIK_ERP", lookback_days=7, settle_minutes=5),
     freshness_policy=FreshnessPolicy.time_window(
         fail_window=timedelta(hours=2), warn_window=timedelta(minutes=90)),
 )

@@ -13,7 +13,7 @@ from sqlalchemy import Column, Date, Index, Integer, String
 from mostovik_pipelines.framework.assets.inbox_sensor import new_file_versions_sensor
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.framework.retries import RetryPolicy
-from mostovik_pipelines.framework.spec import JobType, LoadedPartition, SourceSpec
+from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, LoadedPartition, SourceSpec
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
 from mostovik_pipelines.settings import data_dir, setting
 from mostovik_pipelines.sources.material_deliveries.parse import MAX_FILE_BYTES, extract, transform
@@ -68,6 +68,8 @@ SOURCE = SourceSpec(
         max_file_bytes=MAX_FILE_BYTES,
     ),
     sensor=new_file_versions_sensor,
+    # A version whose run failed on a transient error is asked for again for a week.
+    catch_up=CatchUpPolicy.from_settings("MOSTOVIK_DELIVERIES", lookback_days=7),
     after_load=archive_loaded_file,
     extract_retry=RetryPolicy(max_attempts=3, base_delay_seconds=1.0),
     max_rejected_share=0.2,

@@ -4,15 +4,20 @@ the version's content hash; an unchanged inbox costs a directory read and opens 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
+from datetime import timedelta
 
 import pytest
 from dagster import AddDynamicPartitionsRequest
 
+from mostovik_pipelines.framework.runs.tags import REQUESTED_BECAUSE_TAG
+from mostovik_pipelines.framework.spec import CatchUpPolicy
 from mostovik_pipelines.resources.inbox import InboxResource
 from mostovik_pipelines.sources import material_deliveries
+from mostovik_pipelines_tests.support import delivery_reports as reports
 from mostovik_pipelines_tests.support.inbox import (
     PARTITIONS,
     InboxSensor,
@@ -21,7 +26,8 @@ from mostovik_pipelines_tests.support.inbox import (
     inbox_resource,
     version_of,
 )
-from mostovik_pipelines_tests.support.locations import code_location_for
+from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
+from mostovik_pipelines_tests.support.postgres import free_port
 
 MANY_FILES = 10_000
 
@@ -188,3 +194,27 @@ def test_a_tick_over_ten_thousand_waiting_files_none_new_reads_none_of_them(
     print(f"\ninbox sensor, {MANY_FILES:,} files: first tick (hashes all, adds partitions) "
           f"{first_tick:.2f} s; ticks with none new {', '.join(f'{t:.3f}' for t in timings)} s; "
           f"cursor {len(sensor.cursor or ''):,} characters")
+
+
+def test_a_version_whose_run_failed_on_a_transient_error_is_asked_for_again_once_per_failure(
+        tmp_path, standin_server, instance, inbox):
+    """The warehouse away past the run's budget: the version is asked for again (after the
+    source's backoff, none here) by the sensor, with a run key of that failure and the reason."""
+    source = dataclasses.replace(
+        material_deliveries.SOURCE, extract_retry=FAST_RETRY, load_retry=FAST_RETRY,
+        catch_up=CatchUpPolicy(backoff=timedelta(0)))
+    resource = inbox_resource(tmp_path)
+    away = f"postgresql+psycopg://mostovik@127.0.0.1:{free_port()}/warehouse"
+    sensor = InboxSensor(code_location_for(away, standin_server, tmp_path, [source],
+                                           material_deliveries_source=resource),
+                         instance, resource)
+    version = drop(inbox, "Поставки ноябрь.csv",
+                   reports.csv_report(reports.report_table(reports.deliveries(3))))
+    (first,) = sensor.tick().run_requests
+    assert first.tags[REQUESTED_BECAUSE_TAG] == "new_file"
+    failed = sensor.run(version)
+    assert not failed.success
+
+    (again,) = sensor.tick().run_requests
+    assert (again.partition_key, again.run_key, again.tags[REQUESTED_BECAUSE_TAG]) == (
+        version, f"after:{failed.run_id}", "after_failure")
