@@ -184,8 +184,9 @@ def hold_schedules_from(instance: DagsterInstance, workspace_file: Path, at: dat
     """Every schedule of the workspace's code location counts its ticks from ``at``: one due at
     or after it is evaluated, even when the daemon's first pass comes later (a slow start); none
     before it is caught up. This is a daemon that was running at ``at``. Without it, Dagster
-    starts a schedule that is on in code from the daemon's first pass, and after a restart
-    catches up the ticks it missed since it last noted a pass (up to an hour before).
+    starts a schedule that is on in code from the daemon's first pass (a tick due while the code
+    location loads is missed), and a restarted daemon evaluates, at once, the newest tick it
+    missed while it was down (only the newest: the schedules' jobs have no partition set).
 
     The ``stopped`` schedules are stopped, as from the UI: they never tick; the others keep the
     status they had (on in code, unless a test stopped one)."""
@@ -335,13 +336,18 @@ class FakeClockDaemon:
         self._offset = _offset_to(at)
         environment = {**os.environ, **self.environment, **daemon_unit_environment(),
                        MARKER_ENV: self._marker}
+        # The entry point runs as a module of the tests' package (importable from the
+        # repository), not as a script: a script's folder comes first on sys.path, and a module
+        # of support/ named like one of the standard library's would hide it from Dagster.
+        environment["PYTHONPATH"] = os.pathsep.join(
+            part for part in (str(REPO), environment.get("PYTHONPATH", "")) if part)
         environment.update(_environment_for_offset(self._offset, environment))
         with self.log_path.open("a") as log:
             log.write(f"\n=== daemon started at {at.isoformat()} "
                       f"(FAKETIME={environment['FAKETIME']}) ===\n")
             log.flush()
             self._process = subprocess.Popen(
-                [sys.executable, dagster_daemon.__file__, "run",
+                [sys.executable, "-m", dagster_daemon.__name__, "run",
                  "--workspace", str(self.workspace_file)],
                 env=environment, cwd=self.work_dir, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
@@ -364,22 +370,24 @@ class FakeClockDaemon:
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM to the daemon's process group (its code server and run workers included),
-        SIGKILL to whatever is left of it after ``grace`` seconds, and to any process it started
-        that left the group. A run still going is cut off: wait for the runs first."""
+        then SIGKILL to whatever it started that is still there after ``grace`` seconds (in the
+        group or not). A run still going is cut off (recorded as failed if its worker ends
+        within the grace): wait for the runs first."""
         process, self._process = self._process, None
         if process is None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and (
+                process.poll() is None or _processes_marked(self._marker)):
+            time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        if process.poll() is None:
-            process.wait(timeout=10)
         for pid in _processes_marked(self._marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=10)
 
     def restart(self, at: datetime, *, catch_up: bool = False,
                 timeout: float = PROCESS_START_MARGIN_SECONDS) -> None:
