@@ -53,6 +53,8 @@ from mostovik_pipelines.framework.runs.tags import (
 )
 from mostovik_pipelines.framework.spec import JobType, SourceSpec
 
+RUNS_BEFORE_WINDOW = timedelta(days=7)
+
 
 class Reason(enum.StrEnum):
     NEWEST = "newest"
@@ -117,7 +119,12 @@ def plan_catch_up(instance: DagsterInstance, spec: SourceSpec, now: datetime) ->
     start = now - policy.lookback
     keys = [key for key in keys if partitions_def.time_window_for_partition_key(key).end > start]
     newest = set(keys[-spec.schedule.latest_partitions:])
-    states = partition_states(instance, spec, keys, runs_since=start - policy.lookback)
+    if not keys:
+        return CatchUpPlan([])
+    # A partition's runs: from a few days before its window opens (tomorrow's rates are asked
+    # for today) on; older failures no longer count for its backoff.
+    runs_since = partitions_def.time_window_for_partition_key(keys[0]).start - RUNS_BEFORE_WINDOW
+    states = partition_states(instance, spec, keys, runs_since=runs_since)
     asked: dict[str, Reason] = {}
     held: dict[str, str] = {}
     for key in keys:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from dagster import (
     AssetKey,
@@ -243,6 +243,7 @@ def waiting_for_operator(instance: DagsterInstance, spec: SourceSpec, partitions
     record = instance.get_run_record_by_id(run_id)
     if record is None or not partitions:
         return []
-    states = partition_states(instance, spec, partitions, runs_since=record.create_timestamp)
+    states = partition_states(instance, spec, partitions,
+                              runs_since=record.create_timestamp - timedelta(seconds=1))
     return [key for key, state in states.items()
             if state.waiting_for_operator and state.latest_run == run_id]
