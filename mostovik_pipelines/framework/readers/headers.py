@@ -37,14 +37,30 @@ def header_score(rows: Sequence[tuple[int, list[Cell]]], headers: Mapping[str, s
     return max((len(_header_names(cells, headers)) for _, cells in rows), default=0)
 
 
+def header_row(sheet: Sheet, headers: Mapping[str, str]) -> int | None:
+    """The index of the row that looks most like the header (the first of equals), columns
+    missing or not; None when no row of the search holds enough of the names."""
+    searched = sheet.rows[:HEADER_SEARCH_ROWS]
+    candidates = [(len(_header_names(cells, headers)), index)
+                  for index, (_, cells) in enumerate(searched)]
+    found, index = max(candidates, key=lambda c: (c[0], -c[1]), default=(0, 0))
+    return index if found >= min(HEADER_MIN_NAMES, len(headers)) else None
+
+
+def named_columns(cells: Sequence[Cell], headers: Mapping[str, str]) -> list[tuple[int, str]]:
+    """(position, name) of every named cell of a header row: an expected name as the source
+    spells it in ``headers``, any other as written."""
+    known = {_normalised(name): name for name in headers}
+    return [(position, known.get(_normalised(cell), str(cell).strip()))
+            for position, cell in enumerate(cells) if cell is not None and str(cell).strip()]
+
+
 def locate_header(sheet: Sheet, file_name: str, headers: Mapping[str, str]
                   ) -> tuple[int, dict[str, int]]:
     """The header's index among the sheet's rows, and each column's position in a row."""
     searched = sheet.rows[:HEADER_SEARCH_ROWS]
-    candidates = [(len(_header_names(cells, headers)), index)
-                  for index, (_, cells) in enumerate(searched)]
-    found, index = max(candidates, key=lambda c: (c[0], -c[1]))
-    if found < min(HEADER_MIN_NAMES, len(headers)):
+    index = header_row(sheet, headers)
+    if index is None:
         raise SourceContractError(
             f"{file_name}: no header row ({', '.join(headers)}) in the first "
             f"{len(searched)} rows ({sheet.described})"
