@@ -8,6 +8,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from mostovik_pipelines.framework.errors import SourceContractError
+from mostovik_pipelines.framework.quality.shape import (
+    SAMPLE_VALUES,
+    ObservedShape,
+    observe_columns,
+)
 from mostovik_pipelines.framework.readers.sheet import Cell, Sheet
 
 HEADER_SEARCH_ROWS = 10
@@ -53,6 +58,22 @@ def named_columns(cells: Sequence[Cell], headers: Mapping[str, str]) -> list[tup
     known = {_normalised(name): name for name in headers}
     return [(position, known.get(_normalised(cell), str(cell).strip()))
             for position, cell in enumerate(cells) if cell is not None and str(cell).strip()]
+
+
+def observe_sheet(sheet: Sheet, headers: Mapping[str, str]) -> ObservedShape | None:
+    """The sheet's columns as sent (:mod:`..quality.shape`): the header's names and a sample of
+    each column's values, :data:`SAMPLE_VALUES` rows spread over the sheet; None when no row
+    looks like the header."""
+    at = header_row(sheet, headers)
+    if at is None:
+        return None
+    below = [cells for _, cells in sheet.rows[at + 1:]]
+    if len(below) > SAMPLE_VALUES:
+        below = [below[int(i * len(below) / SAMPLE_VALUES)] for i in range(SAMPLE_VALUES)]
+    named = named_columns(sheet.rows[at][1], headers)
+    return observe_columns([name for _, name in named],
+                           [[cells[position] if position < len(cells) else None
+                             for cells in below] for position, _ in named])
 
 
 def locate_header(sheet: Sheet, file_name: str, headers: Mapping[str, str]

@@ -39,7 +39,11 @@ from mostovik_pipelines.framework.readers.cell_values import (
     read_distinct,
 )
 from mostovik_pipelines.framework.readers.csv_export import CsvTable, read_csv
-from mostovik_pipelines.framework.readers.headers import header_row, locate_header, named_columns
+from mostovik_pipelines.framework.readers.headers import (
+    locate_header,
+    named_columns,
+    observe_sheet,
+)
 from mostovik_pipelines.framework.readers.sheet import Cell, Sheet, is_empty
 from mostovik_pipelines.framework.readers.xlsx_export import read_xlsx
 from mostovik_pipelines.framework.spec import ParsedRows, RejectedRow
@@ -134,16 +138,7 @@ def _observed(source: Sheet | CsvTable) -> ObservedShape | None:
         return observe_columns([name for _, name in named],
                                [source.rows.column(position).take(taken).to_pylist()
                                 for position, _ in named])
-    at = header_row(source, HEADERS)
-    if at is None:
-        return None
-    below = [cells for _, cells in source.rows[at + 1:]]
-    if len(below) > SAMPLE_VALUES:
-        below = [below[int(i * len(below) / SAMPLE_VALUES)] for i in range(SAMPLE_VALUES)]
-    named = named_columns(source.rows[at][1], HEADERS)
-    return observe_columns([name for _, name in named],
-                           [[cells[position] if position < len(cells) else None
-                             for cells in below] for position, _ in named])
+    return observe_sheet(source, HEADERS)
 
 
 @contextlib.contextmanager
