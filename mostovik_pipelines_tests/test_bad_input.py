@@ -23,6 +23,7 @@ from dagster import (
     AssetKey,
     AssetRecordsFilter,
     DagsterEventType,
+    build_run_status_sensor_context,
     build_sensor_context,
 )
 
@@ -134,7 +135,8 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
         for fragment in [f"{spec.name} [{partition}]", *case.expect["message"]]:
             assert fragment in message, f"{fragment!r} not in failure: {message}"
         assert after == before
-        _check_the_shape(case, spec, job, instance, partition, standin, tmp_path, webhook)
+        _check_the_shape(case, spec, job, instance, partition, standin, tmp_path, webhook,
+                         failed_run=result.run_id)
         return
     assert result.success, step_failure_message(instance, result.run_id)
     materialized = _materialized(instance, result.run_id)
@@ -168,7 +170,8 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
 
 
 def _check_the_shape(case: Case, spec, job, instance, partition: str, standin, tmp_path: Path,
-                     webhook: WebhookReceiver, materialized: dict | None = None) -> None:
+                     webhook: WebhookReceiver, materialized: dict | None = None,
+                     failed_run: str | None = None) -> None:
     """A case of a changed shape (``shape`` in its expectation): the partition's observation
     names the change and what the source sends now, a loaded partition's materialisation shows
     it and its check ``source_shape`` warns, one alert names source, change and partition; a
@@ -185,6 +188,8 @@ def _check_the_shape(case: Case, spec, job, instance, partition: str, standin, t
         [check] = _check_evaluations(instance, spec, partition, SOURCE_SHAPE)
         assert (check.passed, check.severity) == (False, AssetCheckSeverity.WARN)
         assert expected["check"] in check.description, check.description
+    if failed_run is not None:
+        _run_failure_alert(instance, failed_run, webhook)  # said by the shape alert instead
     tick = _shape_alert_sensor(instance, webhook)
     [alert] = webhook.alerts
     assert (alert["kind"], alert["source"], alert["period"]) == (
@@ -212,6 +217,18 @@ def _send_again(case: Case, spec, job, instance, standin, tmp_path: Path) -> str
     standin.clear_faults()
     assert result.success == (case.expect["outcome"] != "failed")
     return partition
+
+
+def _run_failure_alert(instance, run_id: str, webhook: WebhookReceiver) -> None:
+    """The run-failure sensor evaluated on the failed run, as the daemon would."""
+    [sensor] = [s for s in alert_sensors(ALL_SOURCES) if s.name == "run_failure_alerts"]
+    [failure] = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.RUN_FAILURE).records
+    sensor(build_run_status_sensor_context(
+        "run_failure_alerts", failure.event_log_entry.dagster_event, instance,
+        instance.get_run_by_id(run_id),
+        resources={"alert_notifier": AlertNotifierResource(webhook_url=webhook.url)},
+    ).for_run_failure())
 
 
 def _shape_alert_sensor(instance, webhook: WebhookReceiver):
