@@ -40,6 +40,9 @@ from xml.etree.ElementTree import Element
 
 SAMPLE_VALUES = 1_000
 """Values per field whose kind is read, spread evenly over the payload."""
+SAMPLE_RECORDS = 10
+"""JSON records per payload whose values' kinds are read (every record's keys are): a sync
+sends a window in hundreds of pages, each observed on its own and judged with those before."""
 SIMILAR_NAME = 0.6
 """difflib's ratio from which two field names look alike (``Value`` and ``Values``)."""
 
@@ -80,6 +83,8 @@ _PATTERNS = (
     (re.compile(r"true|false", re.IGNORECASE), ValueKind.BOOLEAN),
 )
 
+_NUMBER_OR_BOOLEAN_STARTS = frozenset("0123456789+-tfTF")
+
 
 def kind_of(value: Any) -> ValueKind:
     """The kind of one value as the source sent it (text, or a typed JSON or spreadsheet cell)."""
@@ -102,6 +107,8 @@ def kind_of(value: Any) -> ValueKind:
     text = value.strip()
     if not text:
         return ValueKind.EMPTY
+    if text[0] not in _NUMBER_OR_BOOLEAN_STARTS:
+        return ValueKind.TEXT  # most text is told at its first character
     for pattern, kind in _PATTERNS:
         if pattern.fullmatch(text):
             return kind
@@ -171,7 +178,10 @@ def observe_records(records: Sequence[Any]) -> ObservedShape:
     for record in records:
         if isinstance(record, dict):
             names.update(dict.fromkeys(record))
-    sample = [r for r in _sample(records) if isinstance(r, dict)]
+    step = max(len(records) / SAMPLE_RECORDS, 1)
+    sample = [r for r in (records[int(i * step)] for i in range(min(len(records),
+                                                                   SAMPLE_RECORDS)))
+              if isinstance(r, dict)]
     return ObservedShape(tuple(ObservedField(name, _counted(r.get(name) for r in sample
                                                             if name in r))
                                for name in names))

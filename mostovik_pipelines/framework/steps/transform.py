@@ -131,19 +131,20 @@ def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
         try:
             parsed = spec.transform(request)
         except Exception as exc:
-            return _shape_failure(context, spec, key, request.shapes, ranged) or (
+            seen = _merged(seen, request.shapes)
+            return _shape_failure(context, spec, key, [seen] if seen else [], ranged) or (
                 fail_or_set_aside(
                     context, StepContext(spec.name, key, f"transform (page {number})"),
                     NO_RETRY, exc, ranged))
-        # A drift within the policy is recorded once, at the first page that shows it.
-        report = _shape_of(spec, request.shapes)
+        # The window's shape so far (a page's few sampled records alone could mislead),
+        # judged at every page; a drift within the policy is recorded once.
+        seen = _merged(seen, request.shapes)
+        report = _shape_of(spec, [seen] if seen else [])
         if report is not None and report.drift and (report.breaks or not drift_recorded):
             drift_recorded = True
-            shape_failed = _shape_failure(context, spec, key, request.shapes, ranged)
+            shape_failed = _shape_failure(context, spec, key, [seen], ranged)
             if shape_failed:
                 return shape_failed
-        for shape in request.shapes:
-            seen = shape if seen is None else seen.merged(shape)
         received = group.add(number, parsed, received)
         digest.update(page.content_hash.encode())
         if group.rows < spec.rows_per_commit and position < len(landed.pages):
@@ -172,6 +173,12 @@ def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
         sum(page.size_bytes for page in landed.pages), digest.hexdigest(),
         landed.pages[0].fetched_at if landed.pages else None,
         shape=_shape_of(spec, [seen] if seen else []))
+
+
+def _merged(seen: ObservedShape | None, shapes: list[ObservedShape]) -> ObservedShape | None:
+    for shape in shapes:
+        seen = shape if seen is None else seen.merged(shape)
+    return seen
 
 
 @dataclass
