@@ -11,19 +11,32 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Iterator
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
 import psycopg
 import pytest
-from dagster import DagsterEventType
+from dagster import (
+    AssetCheckSeverity,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEventType,
+    build_run_status_sensor_context,
+    build_sensor_context,
+)
 
+from mostovik_pipelines.framework.quality.checks import SOURCE_SHAPE
+from mostovik_pipelines.framework.quality.shape import CHANGE_KEY, FINGERPRINT_KEY, SHAPE_KEY
+from mostovik_pipelines.framework.runs.alerts import alert_sensors
+from mostovik_pipelines.resources.notifier import AlertNotifierResource
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.inbox import drop, inbox_dirs, inbox_resource
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
+from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 
 CORPUS = Path(__file__).parent / "corpus"
 OUTCOMES = {"failed", "partial", "not_available", "loaded"}
@@ -86,9 +99,15 @@ def warehouse_url(pg_warehouse_url):
     return pg_warehouse_url
 
 
+@pytest.fixture
+def webhook() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as receiver:
+        yield receiver
+
+
 @pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
-    case: Case, warehouse_url, standin_server, standin, tmp_path, instance
+    case: Case, warehouse_url, standin_server, standin, tmp_path, instance, webhook
 ):
     spec = dataclasses.replace(SPECS[case.source], extract_retry=FAST_RETRY,
                                load_retry=FAST_RETRY)
@@ -116,6 +135,8 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
         for fragment in [f"{spec.name} [{partition}]", *case.expect["message"]]:
             assert fragment in message, f"{fragment!r} not in failure: {message}"
         assert after == before
+        _check_the_shape(case, spec, job, instance, partition, standin, tmp_path, webhook,
+                         failed_run=result.run_id)
         return
     assert result.success, step_failure_message(instance, result.run_id)
     materialized = _materialized(instance, result.run_id)
@@ -144,6 +165,104 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
         [row] = [r for r in rows if all(r[k] == v for k, v in check["where"].items())]
         for column, value in check["equals"].items():
             assert _same(row[column], value), f"{column}: {row[column]!r} != {value!r}"
+    _check_the_shape(case, spec, job, instance, partition, standin, tmp_path, webhook,
+                     materialized=metadata)
+
+
+def _check_the_shape(case: Case, spec, job, instance, partition: str, standin, tmp_path: Path,
+                     webhook: WebhookReceiver, materialized: dict | None = None,
+                     failed_run: str | None = None) -> None:
+    """A case of a changed shape (``shape`` in its expectation): the partition's observation
+    names the change and what the source sends now, a loaded partition's materialisation shows
+    it and its check ``source_shape`` warns, one alert names source, change and partition; a
+    second partition sent the same shape is recorded again and alerts no more."""
+    expected = case.expect.get("shape")
+    if expected is None:
+        return
+    [observed] = _shape_observations(instance, spec, partition)
+    assert observed[CHANGE_KEY] == expected["change"]
+    for fragment in expected["sends"]:
+        assert fragment in observed[SHAPE_KEY], observed[SHAPE_KEY]
+    if materialized is not None:
+        assert materialized[SHAPE_KEY] == observed[SHAPE_KEY]
+        [check] = _check_evaluations(instance, spec, partition, SOURCE_SHAPE)
+        assert (check.passed, check.severity) == (False, AssetCheckSeverity.WARN)
+        assert expected["check"] in check.description, check.description
+    if failed_run is not None:
+        _run_failure_alert(instance, failed_run, webhook)  # said by the shape alert instead
+    tick = _shape_alert_sensor(instance, webhook)
+    [alert] = webhook.alerts
+    assert (alert["kind"], alert["source"], alert["period"]) == (
+        "source_shape", spec.name, partition)
+    for fragment in expected["alert"]:
+        assert fragment in alert["message"], alert["message"]
+
+    second = _send_again(case, spec, job, instance, standin, tmp_path)
+    [again] = _shape_observations(instance, spec, second)
+    assert again[FINGERPRINT_KEY] == observed[FINGERPRINT_KEY]
+    tick()
+    assert len(webhook.alerts) == 1, webhook.alerts
+
+
+def _send_again(case: Case, spec, job, instance, standin, tmp_path: Path) -> str:
+    """The case's bytes sent for another partition (another file of the inbox): its key."""
+    if case.settings["route"] == INBOX:
+        partition = drop(inbox_dirs(tmp_path)[0], f"again_{case.payload.name}",
+                         case.payload.read_bytes())
+        instance.add_dynamic_partitions(spec.partitions_def.name, [partition])
+    else:
+        partition = case.settings["second"]
+        standin.serve_bytes(case.payload.read_bytes(), route=case.settings["route"])
+    result = run_partition(job, partition, instance)
+    standin.clear_faults()
+    assert result.success == (case.expect["outcome"] != "failed")
+    return partition
+
+
+def _run_failure_alert(instance, run_id: str, webhook: WebhookReceiver) -> None:
+    """The run-failure sensor evaluated on the failed run, as the daemon would."""
+    [sensor] = [s for s in alert_sensors(ALL_SOURCES) if s.name == "run_failure_alerts"]
+    [failure] = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.RUN_FAILURE).records
+    sensor(build_run_status_sensor_context(
+        "run_failure_alerts", failure.event_log_entry.dagster_event, instance,
+        instance.get_run_by_id(run_id),
+        resources={"alert_notifier": AlertNotifierResource(webhook_url=webhook.url)},
+    ).for_run_failure())
+
+
+def _shape_alert_sensor(instance, webhook: WebhookReceiver):
+    """Ticks the sensor source_shape_alerts as the daemon does, keeping its cursor; ticked
+    once."""
+    [sensor] = [s for s in alert_sensors(ALL_SOURCES) if s.name == "source_shape_alerts"]
+    notifier = AlertNotifierResource(webhook_url=webhook.url)
+    cursor = [None]
+
+    def tick() -> None:
+        context = build_sensor_context(instance=instance, cursor=cursor[0],
+                                       resources={"alert_notifier": notifier})
+        sensor(context)
+        cursor[0] = context.cursor
+
+    tick()
+    return tick
+
+
+def _shape_observations(instance, spec, partition: str) -> list[dict]:
+    records = instance.fetch_observations(
+        AssetRecordsFilter(asset_key=AssetKey(spec.name), asset_partitions=[partition]),
+        limit=10).records
+    return [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records
+            if FINGERPRINT_KEY in r.asset_observation.metadata]
+
+
+def _check_evaluations(instance, spec, partition: str, check: str) -> list:
+    records = instance.get_records_for_run(
+        instance.get_latest_materialization_event(AssetKey(spec.name)).run_id,
+        of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+    return [e for r in records
+            if (e := r.event_log_entry.dagster_event.event_specific_data).check_name == check
+            and e.partition == partition]
 
 
 def _serve_through_the_standin(case: Case, spec, job, instance, warehouse_url: str, standin):

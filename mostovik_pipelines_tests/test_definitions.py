@@ -116,7 +116,9 @@ def test_the_alert_sensors_run_by_default_and_watch_every_job_of_the_location():
     repository = defs.get_repository_def()
     failures = repository.get_sensor_def("run_failure_alerts")
     freshness = repository.get_sensor_def("freshness_alerts")
+    shapes = repository.get_sensor_def("source_shape_alerts")
     assert failures.default_status is freshness.default_status is DefaultSensorStatus.RUNNING
+    assert shapes.default_status is DefaultSensorStatus.RUNNING
     # No monitored jobs and not all code locations: every job of this location, the implicit
     # asset job of UI asset backfills included.
     assert failures._monitored_jobs == [] and not failures._monitor_all_code_locations

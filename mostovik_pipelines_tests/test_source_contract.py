@@ -102,6 +102,11 @@ def test_a_source_without_retries_is_named(example):
     assert "declare extract_retry=RetryPolicy(max_attempts=4" in found
 
 
+def test_a_source_without_a_shape_is_named(example):
+    found = problems_of(dataclasses.replace(example, shape=None))
+    assert f"no shape declared in mostovik_pipelines/sources/{EXAMPLE}/source.py" in found
+
+
 def test_a_source_without_a_concurrency_policy_is_named(example):
     found = problems_of(dataclasses.replace(example, on_concurrent_run=None))
     assert "on_concurrent_run is None: declare ConcurrentRunPolicy.WAIT" in found

@@ -40,6 +40,7 @@ from mostovik_pipelines.settings import landing_dir, storage_dir
 from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
+from mostovik_pipelines_tests.support.inbox import drop
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
 from mostovik_pipelines_tests.support.waiting import (
@@ -51,6 +52,10 @@ from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 from mostovik_pipelines_tests.support.webserver import BACKFILL_LIMIT_SECONDS, DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+CORPUS = Path(__file__).parent / "corpus"
+INBOX_SENSOR_SECONDS = 15
+"""The inbox sensor's interval: how long a dropped report waits for its run."""
 
 ASSET = "cbr_daily_rates"
 JOB = "cbr_daily_rates_job"
@@ -64,7 +69,8 @@ STALE_SOURCE = "erp_work_orders"
 """Its last sync is made three hours old before the daemon starts: past its 2-hour policy. Its
 hourly schedule is stopped in the UI before the daemon starts (the sync stopped): its tick at
 minute 5 of any hour the module spans would sync it and make it fresh."""
-ALERT_SENSORS = ("run_failure_alerts", "freshness_alerts", "cancelled_runs_status")
+ALERT_SENSORS = ("run_failure_alerts", "freshness_alerts", "cancelled_runs_status",
+                 "source_shape_alerts")
 ALERT_SENSOR_INTERVAL_SECONDS = 5
 FRESHNESS_INTERVAL_SECONDS = 5
 OUR_RUN_TAGS = {"mostovik/source", "mostovik/job_type", "mostovik/status"}
@@ -437,6 +443,39 @@ def test_one_alert_per_failed_job_no_secret_in_any_and_a_readable_run_list(
     for run in runs:
         assert {tag for tag in run.tags if not tag.startswith(("dagster/", ".dagster/"))} <= (
             OUR_RUN_TAGS), run.tags
+
+
+def test_a_report_with_an_added_column_warns_on_its_check_and_raises_one_alert(
+    services, webhook
+):
+    """A site's report arrives with a column the template does not have: the inbox sensor runs
+    it, it loads (a file's policy: warn), the partition's check source_shape shows the warning
+    naming the column, its materialisation the shape sent, and the daemon's shape sensor
+    raises one alert naming source, column and partition."""
+    report = CORPUS / "material_deliveries" / "shape_column_added.csv"
+    partition = drop(services.work_dir / "data" / "inbox", "site_with_notes.csv",
+                     report.read_bytes())
+    wait_until(lambda: services.graphql.runs({"tags": [
+        {"key": "dagster/partition", "value": partition}]}), limit_for(INBOX_SENSOR_SECONDS),
+        f"the inbox sensor's run of {partition}", services.log_tails, poll=1)
+    [run] = services.graphql.runs({"tags": [{"key": "dagster/partition", "value": partition}]})
+    assert services.graphql.wait_for_run(run.run_id).status == "SUCCESS", (
+        services.graphql.run_errors(run.run_id))
+
+    [execution] = services.graphql.check_executions("material_deliveries", "source_shape",
+                                                    partition)
+    assert (execution["runId"], execution["status"]) == (run.run_id, "FAILED")
+    assert execution["evaluation"]["severity"] == "WARN"
+    assert execution["evaluation"]["description"].startswith(
+        "added field Примечание: loaded as usual (policy warn)")
+    shown = services.graphql.partition_metadata("material_deliveries", [partition])[partition]
+    assert "Примечание (text)" in shown["source_shape"]
+    [alert] = webhook.wait_for(lambda a: a["kind"] == "source_shape",
+                               timeout=limit_for(ALERT_SENSOR_INTERVAL_SECONDS))
+    assert (alert["source"], alert["period"]) == ("material_deliveries", partition)
+    assert "added field Примечание" in alert["message"]
+    services.graphql.wait_for_more_ticks("source_shape_alerts", 2, ALERT_SENSOR_INTERVAL_SECONDS)
+    assert len([a for a in webhook.alerts if a["kind"] == "source_shape"]) == 1
 
 
 def test_after_a_prune_the_ui_shows_every_partition_as_before(services, standin, monkeypatch):

@@ -137,6 +137,13 @@ class SourceContractError(PermanentError):
     kind = "contract_violation"
 
 
+class SourceShapeChanged(SourceContractError):
+    """The source sends other fields, or values of another kind, than its declaration expects
+    (:mod:`.quality.shape`): fails the partition until the declaration accepts the change."""
+
+    kind = "shape_changed"
+
+
 class DataValidationError(PermanentError):
     """The payload parsed but its data breaks an invariant (duplicate keys, bad values)."""
 

@@ -22,6 +22,12 @@ from dagster import (
 from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
+from mostovik_pipelines.framework.quality.shape import (
+    AddedFieldPolicy,
+    ObservedShape,
+    ShapeReport,
+    SourceShape,
+)
 from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
@@ -47,6 +53,17 @@ class JobType(enum.StrEnum):
     PARSER = "parser"
     SYNC = "sync"
     FILE = "file"
+
+
+DEFAULT_ON_ADDED = {
+    JobType.PARSER: AddedFieldPolicy.FREEZE,
+    JobType.SYNC: AddedFieldPolicy.FREEZE,
+    JobType.FILE: AddedFieldPolicy.WARN,
+}
+"""What a partition does with a field its source's declaration does not expect, unless the
+declaration says: a published format or an API changes rarely and a new field can change the
+meaning of those we load (a currency beside an amount), so it waits for a person; a site's
+report gains note columns all the time, so it loads and warns."""
 
 
 class PartitionNotAvailable(Exception):
@@ -105,6 +122,13 @@ class TransformRequest:
     content_type: str
     fetched_at: datetime
     cursor: PageCursor | None = None
+    shapes: list[ObservedShape] = field(default_factory=list, compare=False, repr=False)
+    """What :meth:`report_shape` was told, for the framework to judge."""
+
+    def report_shape(self, shape: ObservedShape) -> None:
+        """Say which fields the payload holds (:mod:`.quality.shape`), before reading its rows:
+        a missing or changed field is then named as such, whatever the parse makes of it."""
+        self.shapes.append(shape)
 
 
 @dataclass(frozen=True)
@@ -189,6 +213,8 @@ class CheckRequest:
     """Rows the source sent for the partition, quarantined ones included."""
     loaded_by_run: tuple[Any, ...] = ()
     """Partition values the run has loaded so far, this one included."""
+    shape: ShapeReport | None = None
+    """The fields the source sent for the partition, against its declaration."""
 
 
 @dataclass(frozen=True)
@@ -339,6 +365,15 @@ class SourceSpec:
     catch_up: CatchUpPolicy = field(default_factory=CatchUpPolicy)
     """What the schedule or sensor asks for again without an operator: lookback, settle time
     of a sync's window, backoff after transient failures."""
+    shape: SourceShape | None = None
+    """The fields the source sends and the kinds of their values, and what an added field
+    does (:mod:`.quality.shape`); its transform reports what each payload holds."""
+
+    @property
+    def added_field_policy(self) -> AddedFieldPolicy:
+        """The declaration's policy for an added field, or its kind's default."""
+        declared = self.shape.on_added if self.shape else None
+        return declared or DEFAULT_ON_ADDED[self.job_type]
 
     @property
     def load_target(self) -> LoadTarget:

@@ -34,14 +34,16 @@ WEBHOOK_SHOWN = "the alert webhook"
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert: a failed job, or a source whose data is stale."""
+    """One alert: a failed job, a source whose data is stale, or one that changed what it
+    sends."""
 
     kind: str
-    """``run_failure`` or ``freshness``."""
+    """``run_failure``, ``freshness`` or ``source_shape``."""
     source: str | None
     period: str | None
     job_status: str
-    """The ADR-016 status (``failed``), or ``stale`` for a freshness alert."""
+    """The ADR-016 status (``failed``), ``stale`` for a freshness alert, ``failed`` or
+    ``loaded`` for a change of shape (what its partitions do)."""
     error_class: str | None
     """``transient``, ``permanent``, ``unclassified``, or ``freshness``."""
     error_kind: str | None

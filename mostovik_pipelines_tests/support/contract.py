@@ -59,6 +59,9 @@ def contract_problems(spec: SourceSpec, project: Project) -> list[str]:
         *_migration_problems(spec, project.migrations),
         *_standin_problems(spec, project.found_endpoints, module),
         *_corpus_problems(spec, project.corpus),
+        *([] if spec.shape is not None else [
+            f"no shape declared in {module}: SourceSpec(shape=SourceShape(...)) lists the "
+            "fields the source sends (framework/quality/shape.py), so a change is noticed"]),
         *([] if test_module.exists() else [
             f"no test module {_shown(test_module)}: it loads a partition "
             "end to end on PostgreSQL and SQLite (`mostovik new-source` writes one)"]),

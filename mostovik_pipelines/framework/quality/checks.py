@@ -8,6 +8,10 @@ partition just loaded:
   loaded, so none strayed outside its partition;
 * ``quarantine_share`` (warns, never blocks): the partition's quarantined rows are at most the
   source's ``max_rejected_share`` of the rows it sent;
+* ``source_shape`` (warns, never blocks), for a source that declares its shape: the fields the
+  source sent are those its declaration expects; an added field the policy lets load
+  (``warn``) is named here (:mod:`.shape`: a change the policy refuses fails the partition
+  before its load);
 * a merge-by-version source (a sync) also ``version_never_goes_down`` (blocking): no key the load
   received is stored with an older version than the one received (an older version received is
   ignored, never a failure);
@@ -48,6 +52,7 @@ from mostovik_pipelines.framework.dagster_compat import (
 from mostovik_pipelines.framework.errors import classify
 from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.quarantine import quarantined_rows
+from mostovik_pipelines.framework.quality.shape import ShapeReport
 from mostovik_pipelines.framework.spec import (
     CheckRequest,
     CheckResult,
@@ -68,6 +73,8 @@ VERSION_BATCH = 10_000
 def partition_checks(spec: SourceSpec) -> list[PartitionCheck]:
     """Every check of the source's asset: the framework's, then the source's own."""
     checks = [_natural_key_unique(spec), _rows_in_partition(spec), _quarantine_share(spec)]
+    if spec.shape is not None:
+        checks.append(_source_shape(spec))
     if spec.load_mode is LoadMode.MERGE_BY_VERSION:
         checks.append(_version_never_goes_down(spec))
     return [*checks, *spec.checks]
@@ -89,12 +96,13 @@ def check_specs(spec: SourceSpec) -> list[AssetCheckSpec]:
 def evaluate_partition(engine: Engine, spec: SourceSpec, partition_key: str, run_id: str,
                        received: ReceivedRows | pd.DataFrame, received_rows: int,
                        loaded_by_run: Sequence[Any], instance: DagsterInstance | None = None,
-                       ) -> list[AssetCheckEvaluation]:
+                       shape: ShapeReport | None = None) -> list[AssetCheckEvaluation]:
     """Run every check of the source on one loaded partition; one evaluation per check.
 
     ``received`` holds the natural key (and version) of the rows the load received,
     ``received_rows`` counts the rows the source sent (quarantined ones included), and
-    ``loaded_by_run`` the partition values the run has loaded so far, this one included.
+    ``loaded_by_run`` the partition values the run has loaded so far, this one included;
+    ``shape`` the fields the source sent, against its declaration.
     With the ``instance``, each evaluation names the partition's latest materialisation (just
     recorded by the load) as what it checked: the UI then counts it as the partition's
     current result."""
@@ -107,7 +115,7 @@ def evaluate_partition(engine: Engine, spec: SourceSpec, partition_key: str, run
             partition_value=spec.load_target.partition_value(partition_key), run_id=run_id,
             received=(received if isinstance(received, ReceivedRows)
                       else ReceivedRows.of(received)),
-            received_rows=received_rows, loaded_by_run=tuple(loaded_by_run),
+            received_rows=received_rows, loaded_by_run=tuple(loaded_by_run), shape=shape,
         )
         for check in partition_checks(spec):
             started = time.monotonic()
@@ -232,6 +240,7 @@ def _unique_index_on(connection, table: str, columns: Sequence[str]) -> str | No
 NATURAL_KEY_UNIQUE = "natural_key_unique"
 ROWS_IN_PARTITION = "rows_in_partition"
 QUARANTINE_SHARE = "quarantine_share"
+SOURCE_SHAPE = "source_shape"
 VERSION_NEVER_GOES_DOWN = "version_never_goes_down"
 
 
@@ -331,6 +340,29 @@ def _quarantine_share(spec: SourceSpec) -> PartitionCheck:
         QUARANTINE_SHARE,
         f"At most {threshold:.0%} of the rows the source sent for the partition are quarantined "
         "(warns; never blocks).", evaluate, blocking=False)
+
+
+def _source_shape(spec: SourceSpec) -> PartitionCheck:
+    declaration = f"mostovik_pipelines/sources/{spec.name}/source.py"
+
+    def evaluate(request: CheckRequest) -> CheckResult:
+        report = request.shape
+        if report is None:
+            return CheckResult(True, "the partition's shape was not reported")
+        metadata = {"fields": MetadataValue.text(
+            ", ".join(f.shown() for f in report.observed.fields))}
+        if not report.drift:
+            return CheckResult(True, f"the source sent the {len(report.observed.fields)} "
+                                     "fields its declaration expects", metadata)
+        return CheckResult(
+            False, f"{report.drift.describe()}: loaded as usual (policy "
+                   f"{report.policy.value}); declare the field in {declaration} to accept it",
+            {**metadata, "change": MetadataValue.text(report.drift.describe())}, warning=True)
+
+    return PartitionCheck(
+        SOURCE_SHAPE,
+        "The source sent the fields its declaration expects; a field it added, loaded under "
+        "the policy 'warn', is named here (warns; never blocks).", evaluate, blocking=False)
 
 
 def _version_never_goes_down(spec: SourceSpec) -> PartitionCheck:

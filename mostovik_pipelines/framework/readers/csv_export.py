@@ -68,6 +68,8 @@ class CsvTable:
     """The number (as :func:`_csv_rows` numbers them) of the table's first row."""
     positions: dict[str, int]
     described: str
+    header: list[Cell]
+    """The header row's cells."""
 
 
 def _csv_table(text: str, delimiter: str, head: list[tuple[int, list[Cell]]], described: str,
@@ -113,7 +115,7 @@ def _csv_table(text: str, delimiter: str, head: list[tuple[int, list[Cell]]], de
     limit = csv.field_size_limit()
     if any((pc.max(pc.utf8_length(column)).as_py() or 0) > limit for column in rows.columns):
         return None
-    return CsvTable(rows, header_number + 1, positions, described)
+    return CsvTable(rows, header_number + 1, positions, described, header)
 
 
 _DELIMITER_NAMES = {";": "';'-delimited", "\t": "tab-delimited", ",": "','-delimited"}

@@ -16,6 +16,12 @@
 * ``freshness_alerts``: the daemon evaluates every source's ``FreshnessPolicy`` and records each
   change of state; this sensor alerts once each time a source turns FAIL (stale) and again only
   after it has been fresh in between.
+* ``source_shape_alerts``: a partition whose source sent other fields than its declaration
+  expects is recorded as an observation of the partition (:mod:`..quality.shape`), by whatever
+  launched its run; this sensor reads them in the order they were recorded and alerts once per
+  change (its fingerprint, kept in the cursor), naming source, fields and the first partition
+  that showed it. A run that failed only for such a change gets no run-failure alert of its
+  own: the change is said once, not once per partition.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from datetime import UTC, datetime
 
 from dagster import (
     AssetKey,
+    AssetRecordsFilter,
     DagsterRunStatus,
     DefaultSensorStatus,
     FreshnessPolicy,
@@ -44,6 +51,13 @@ from mostovik_pipelines.framework.dagster_compat import (
     CronFreshnessPolicy,
     TimeWindowFreshnessPolicy,
 )
+from mostovik_pipelines.framework.errors import SourceShapeChanged
+from mostovik_pipelines.framework.quality.shape import (
+    CHANGE_KEY,
+    FINGERPRINT_KEY,
+    OUTCOME_KEY,
+    SHAPE_KEY,
+)
 from mostovik_pipelines.framework.runs.tags import STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
 from mostovik_pipelines.framework.spec import SourceSpec
@@ -60,8 +74,16 @@ WILL_RETRY_TAG = "dagster/will_retry"
 """Set by Dagster on a failed run: whether the daemon's run retries will run it again."""
 
 
+SHAPE_CHANGED = SourceShapeChanged.kind
+"""The error kind of a partition failed for its source's changed shape."""
+SHAPE_ALERTS_KEPT = 100
+"""Changes remembered per source as said: far more than a source ever goes through."""
+SHAPE_OBSERVATIONS_PER_TICK = 1_000
+
+
 def alert_sensors(sources: Sequence[SourceSpec]) -> list[SensorDefinition]:
-    return [_run_failure_alerts(sources), _freshness_alerts(sources), _cancelled_runs_status()]
+    return [_run_failure_alerts(sources), _freshness_alerts(sources), _cancelled_runs_status(),
+            _source_shape_alerts(sources)]
 
 
 def _cancelled_runs_status() -> SensorDefinition:
@@ -103,6 +125,10 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
         if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
             context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
         job = load_job(context.instance, run.run_id, sources)
+        if job.errors and all(error.kind == SHAPE_CHANGED for error in job.errors):
+            context.log.info(f"run {run.run_id} failed for its source's changed shape: said "
+                             "once by source_shape_alerts")
+            return
         error = job.errors[0] if job.errors else None
         spec = by_name.get(job.source or "")
         waiting = waiting_for_operator(context.instance, spec, job.partitions, run.run_id) if (
@@ -169,6 +195,65 @@ def _freshness_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
         return SkipReason(f"stale: {', '.join(sent)}" if sent else "no source turned stale")
 
     return freshness_alerts
+
+
+def _source_shape_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
+    watched = [spec for spec in sources if spec.shape is not None]
+
+    @sensor(
+        name="source_shape_alerts",
+        description="One alert per change of what a source sends (fields added, missing or of "
+                    "another kind than its declaration expects), at the first partition that "
+                    "shows it.",
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=ALERT_INTERVAL_SECONDS,
+    )
+    def source_shape_alerts(context: SensorEvaluationContext,
+                            alert_notifier: AlertNotifierResource) -> SkipReason:
+        # The cursor: per source, the last observation read and the changes already said.
+        cursor: dict[str, dict] = json.loads(context.cursor) if context.cursor else {}
+        sent = []
+        for spec in watched:
+            state = cursor.setdefault(spec.name, {"after": 0, "said": []})
+            records = context.instance.fetch_observations(
+                AssetRecordsFilter(asset_key=AssetKey(spec.name),
+                                   after_storage_id=state["after"] or None),
+                limit=SHAPE_OBSERVATIONS_PER_TICK, ascending=True).records
+            for record in records:
+                state["after"] = record.storage_id
+                observation = record.asset_observation
+                metadata = observation.metadata if observation else {}
+                if FINGERPRINT_KEY not in metadata:
+                    continue
+                fingerprint = str(metadata[FINGERPRINT_KEY].value)
+                if fingerprint in state["said"]:
+                    continue
+                alert_notifier.notify(_shape_alert(spec, observation.partition, metadata,
+                                                   alert_notifier), context.log)
+                state["said"] = [*state["said"], fingerprint][-SHAPE_ALERTS_KEPT:]
+                sent.append(spec.name)
+        context.update_cursor(json.dumps(cursor, sort_keys=True))
+        return SkipReason(f"changed: {', '.join(sent)}" if sent else "no source changed shape")
+
+    return source_shape_alerts
+
+
+def _shape_alert(spec: SourceSpec, partition: str | None, metadata: dict,
+                 notifier: AlertNotifierResource) -> Alert:
+    failed = str(metadata[OUTCOME_KEY].value) == "failed"
+    then = ("its partitions fail until the declaration accepts the change" if failed else
+            f"loaded as usual under the policy '{spec.added_field_policy.value}', its "
+            "partitions' check source_shape warning")
+    return Alert(
+        kind="source_shape", source=spec.name, period=partition,
+        job_status="failed" if failed else "loaded", error_class="permanent",
+        error_kind=SHAPE_CHANGED,
+        message=(f"{spec.name} changed what it sends, first in partition {partition}: "
+                 f"{metadata[CHANGE_KEY].value}; {then} "
+                 f"(mostovik_pipelines/sources/{spec.name}/source.py). It sends now: "
+                 f"{metadata[SHAPE_KEY].value}"),
+        link=notifier.asset_link(spec.name),
+    )
 
 
 def _newest_period(spec: SourceSpec) -> str | None:

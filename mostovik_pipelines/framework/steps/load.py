@@ -33,6 +33,7 @@ from mostovik_pipelines.framework.load.partition import (
 from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.checks import blocks, evaluate_partition
 from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
+from mostovik_pipelines.framework.quality.shape import shape_metadata
 from mostovik_pipelines.framework.quality.validation import row_text
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.runs.tags import FAILED_PERMANENTLY_KEY, STATUS_TAG
@@ -125,12 +126,14 @@ def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: As
                 "payload_bytes": MetadataValue.int(loaded.payload_bytes),
                 "content_hash": loaded.content_hash,
                 "preview": preview(loaded.sample),
+                **(shape_metadata(outcome.shape) if outcome.shape else {}),
             },
         ))
         loaded_values.append(spec.load_target.partition_value(key))
         evaluations = [evaluation for evaluation in evaluate_partition(
             engine, spec, key, context.run_id, loaded.received, loaded.received_rows,
-            loaded_values, context.instance) if evaluation.check_name in checked]
+            loaded_values, context.instance, shape=outcome.shape)
+            if evaluation.check_name in checked]
         for evaluation in evaluations:
             context.log_event(evaluation)
         for path in loaded.scratch:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from mostovik_pipelines.framework.quality.shape import ShapeReport
 from mostovik_pipelines.framework.spec import PageCursor, RejectedRow
 from mostovik_pipelines.resources.landing import LandedPayload
 
@@ -23,6 +24,8 @@ class TransformedPartition:
     rejected: tuple[RejectedRow, ...]
     row_numbers: tuple[int, ...] | None = None
     """Each row's position in the payload (what a quarantined row is numbered by)."""
+    shape: ShapeReport | None = None
+    """The payload's fields against the declaration's (:mod:`.quality.shape`)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class TransformedPages:
     """The digest of the partition's pages' hashes, in page order."""
     fetched_at: datetime | None
     """When the first page was fetched."""
+    shape: ShapeReport | None = None
+    """The pages' fields against the declaration's (:mod:`.quality.shape`)."""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,16 @@ import hashlib
 from dataclasses import dataclass, field
 
 import pandas as pd
-from dagster import OpExecutionContext
+from dagster import AssetKey, AssetObservation, OpExecutionContext
 
 from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
+from mostovik_pipelines.framework.errors import SourceShapeChanged
+from mostovik_pipelines.framework.quality.shape import (
+    ObservedShape,
+    ShapeReport,
+    judge,
+    observation_metadata,
+)
 from mostovik_pipelines.framework.quality.validation import columns_frame, validate_partition
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.spec import (
@@ -41,19 +48,28 @@ def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
     if isinstance(landed, LandedPages):
         return _transform_pages(context, spec, key, landed)
     landing = getattr(context.resources, LANDING_KEY)
+    ranged = len(context.partition_keys) > 1
+    request = TransformRequest(
+        source=spec.name, partition_key=key, content=landing.read(landed),
+        content_type=landed.content_type, fetched_at=landed.fetched_at,
+    )
     try:
-        parsed = spec.transform(TransformRequest(
-            source=spec.name, partition_key=key, content=landing.read(landed),
-            content_type=landed.content_type, fetched_at=landed.fetched_at,
-        ))
-        validated = validate_partition(parsed, spec.load_target, key, spec.max_rejected_share)
+        parsed = spec.transform(request)
     except PartitionNotAvailable as not_yet:
         context.log.info(f"{spec.name} [{key}] not available yet: {not_yet}; "
                          "nothing loaded, a later run will pick it up")
         return PartitionSkipped(key, f"not available yet: {not_yet}")
     except Exception as exc:
+        return _shape_failure(context, spec, key, request.shapes, ranged) or fail_or_set_aside(
+            context, StepContext(spec.name, key, "transform"), NO_RETRY, exc, ranged)
+    shape_failed = _shape_failure(context, spec, key, request.shapes, ranged)
+    if shape_failed:
+        return shape_failed
+    try:
+        validated = validate_partition(parsed, spec.load_target, key, spec.max_rejected_share)
+    except Exception as exc:
         return fail_or_set_aside(context, StepContext(spec.name, key, "transform"), NO_RETRY,
-                                  exc, len(context.partition_keys) > 1)
+                                  exc, ranged)
     if validated.rejected:
         context.log.warning(
             f"{spec.name} [{key}]: {len(validated.rejected)} rows rejected to quarantine, "
@@ -61,7 +77,34 @@ def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
         )
     return TransformedPartition(
         validated.frame, landed, validated.duplicates_dropped, validated.rejected,
-        None if validated.row_numbers is None else tuple(validated.row_numbers.tolist()))
+        None if validated.row_numbers is None else tuple(validated.row_numbers.tolist()),
+        shape=_shape_of(spec, request.shapes))
+
+
+def _shape_of(spec: SourceSpec, shapes: list[ObservedShape]) -> ShapeReport | None:
+    if spec.shape is None:
+        return None
+    return judge(spec.name, spec.shape, spec.added_field_policy, shapes)
+
+
+def _shape_failure(context: OpExecutionContext, spec: SourceSpec, key: str,
+                   shapes: list[ObservedShape], ranged: bool) -> PartitionFailure | None:
+    """Record a partition whose shape differs from the declaration (an observation of the
+    partition, what the UI shows and the shape alert reads); fail it as a contract error when
+    the declaration's policy says so. A changed shape is named as such, before whatever the
+    parse made of it."""
+    report = _shape_of(spec, shapes)
+    if report is None or not report.drift:
+        return None
+    context.log_event(AssetObservation(asset_key=AssetKey(spec.name), partition=key,
+                                       metadata=observation_metadata(report)))
+    if not report.breaks:
+        context.log.warning(f"{spec.name} [{key}]: {report.drift.describe()} (policy "
+                            f"{report.policy.value}: loaded as usual)")
+        return None
+    declaration = f"mostovik_pipelines/sources/{spec.name}/source.py"
+    return fail_or_set_aside(context, StepContext(spec.name, key, "transform"), NO_RETRY,
+                             SourceShapeChanged(report.message(declaration)), ranged)
 
 
 def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
@@ -75,18 +118,33 @@ def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
     group = PageGroup()
     received = 0
     digest = hashlib.sha256()
+    ranged = len(context.partition_keys) > 1
+    seen: ObservedShape | None = None
+    drift_recorded = False
     for position, page in enumerate(landed.pages, 1):
         number = page.page or position
+        request = TransformRequest(
+            source=spec.name, partition_key=key, content=landing.read(page),
+            content_type=page.content_type, fetched_at=page.fetched_at,
+            cursor=page_cursor(page.cursor),
+        )
         try:
-            parsed = spec.transform(TransformRequest(
-                source=spec.name, partition_key=key, content=landing.read(page),
-                content_type=page.content_type, fetched_at=page.fetched_at,
-                cursor=page_cursor(page.cursor),
-            ))
+            parsed = spec.transform(request)
         except Exception as exc:
-            return fail_or_set_aside(
-                context, StepContext(spec.name, key, f"transform (page {number})"), NO_RETRY,
-                exc, len(context.partition_keys) > 1)
+            seen = _merged(seen, request.shapes)
+            return _shape_failure(context, spec, key, [seen] if seen else [], ranged) or (
+                fail_or_set_aside(
+                    context, StepContext(spec.name, key, f"transform (page {number})"),
+                    NO_RETRY, exc, ranged))
+        # The window's shape so far (a page's few sampled records alone could mislead),
+        # judged at every page; a drift within the policy is recorded once.
+        seen = _merged(seen, request.shapes)
+        report = _shape_of(spec, [seen] if seen else [])
+        if report is not None and report.drift and (report.breaks or not drift_recorded):
+            drift_recorded = True
+            shape_failed = _shape_failure(context, spec, key, [seen], ranged)
+            if shape_failed:
+                return shape_failed
         received = group.add(number, parsed, received)
         digest.update(page.content_hash.encode())
         if group.rows < spec.rows_per_commit and position < len(landed.pages):
@@ -113,7 +171,14 @@ def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
     return TransformedPages(
         tuple(groups), landed.resumed_after_page, len(landed.pages),
         sum(page.size_bytes for page in landed.pages), digest.hexdigest(),
-        landed.pages[0].fetched_at if landed.pages else None)
+        landed.pages[0].fetched_at if landed.pages else None,
+        shape=_shape_of(spec, [seen] if seen else []))
+
+
+def _merged(seen: ObservedShape | None, shapes: list[ObservedShape]) -> ObservedShape | None:
+    for shape in shapes:
+        seen = shape if seen is None else seen.merged(shape)
+    return seen
 
 
 @dataclass

@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
 from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.framework.quality.shape import observe_xml
 from mostovik_pipelines.framework.readers.xml import parse_xml
 from mostovik_pipelines.framework.spec import (
     ExtractRequest,
@@ -59,6 +60,7 @@ def parse_daily_rates(request: TransformRequest) -> ParsedRows:
     valutes = root.findall("Valute")
     if not valutes:
         raise SourceContractError("<ValCurs> holds no <Valute> elements")
+    request.report_shape(observe_xml(root, "Valute"))
     rows, rejected = [], []
     for position, valute in enumerate(valutes, 1):
         try:

@@ -16,6 +16,7 @@ from dagster import BackfillPolicy, DailyPartitionsDefinition, FreshnessPolicy
 from sqlalchemy import Column, Date, Index, Integer, String, select
 
 from mostovik_pipelines.framework.load_target import LoadMode
+from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
 from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import (
     CatchUpPolicy,
@@ -89,6 +90,21 @@ def currencies_present_and_positive(request: CheckRequest) -> CheckResult:
     return CheckResult(True, f"{', '.join(EXPECTED_CURRENCIES)} present; all {len(rows)} rates "
                              "positive", metadata)
 
+SHAPE = SourceShape((
+    expect("ValCurs/@Date", ValueKind.DATE_DMY),
+    expect("ValCurs/@name", ValueKind.TEXT),
+    expect("Valute/@ID", ValueKind.TEXT),
+    expect("Valute/NumCode", ValueKind.INTEGER),
+    expect("Valute/CharCode", ValueKind.TEXT),
+    expect("Valute/Nominal", ValueKind.INTEGER),
+    expect("Valute/Name", ValueKind.TEXT),
+    expect("Valute/Value", NUMBER),
+    # Published since 2022: older dates come without it.
+    expect("Valute/VunitRate", NUMBER, optional=True),
+))
+"""What ``XML_daily`` sends. An element it adds fails the date (the parser's default,
+``freeze``): one like ``VunitRate`` can change what ``Value`` means."""
+
 
 SOURCE = SourceSpec(
     name="cbr_daily_rates",
@@ -132,6 +148,7 @@ SOURCE = SourceSpec(
     freshness_policy=FreshnessPolicy.cron(
         deadline_cron="30 16 * * 1-5", lower_bound_delta=timedelta(hours=1),
         timezone="Europe/Moscow"),
+    shape=SHAPE,
     checks=(PartitionCheck(
         "currencies_present_and_positive",
         f"{', '.join(EXPECTED_CURRENCIES)} are stored for the date (warns if not) and every rate "

@@ -11,6 +11,7 @@ from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
 from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.framework.quality.shape import observe_xml
 from mostovik_pipelines.framework.readers.xml import parse_xml
 from mostovik_pipelines.framework.spec import (
     ExtractRequest,
@@ -46,6 +47,8 @@ def parse_metal_prices(request: TransformRequest) -> ParsedRows:
     if not records and asked >= fetched_on:
         raise PartitionNotAvailable(f"the CBR lists no prices for {asked} when asked on "
                                     f"{fetched_on}")
+    if records:
+        request.report_shape(observe_xml(root, "Record"))
     rows, rejected = [], []
     for position, record in enumerate(records, 1):
         try:

@@ -19,6 +19,7 @@ from dagster import DailyPartitionsDefinition
 from sqlalchemy import Column, Date, Integer
 
 from mostovik_pipelines.framework.load_target import LoadMode
+from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
 from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, SourceSchedule, SourceSpec
 from mostovik_pipelines.resources.http import HttpSourceResource
@@ -48,6 +49,18 @@ cbr_metal_prices_table = warehouse_table(
     natural_key=("price_date", "metal_code"),
 )
 
+SHAPE = SourceShape((
+    expect("Metall/@FromDate", ValueKind.INTEGER),
+    expect("Metall/@ToDate", ValueKind.INTEGER),
+    expect("Metall/@name", ValueKind.TEXT),
+    expect("Record/@Date", ValueKind.DATE_DMY),
+    expect("Record/@Code", ValueKind.INTEGER),
+    expect("Record/Buy", NUMBER),
+    expect("Record/Sell", NUMBER),
+))
+"""What ``xml_metall`` sends (``FromDate`` and ``ToDate`` are ``YYYYMMDD``); a day without
+records sends no fields at all, and is no change."""
+
 
 SOURCE = SourceSpec(
     name="cbr_metal_prices",
@@ -75,4 +88,5 @@ SOURCE = SourceSpec(
     max_rejected_share=0.25,
     # Weekends and holidays have no records: the day completes with nothing loaded.
     empty_payload_is_valid=True,
+    shape=SHAPE,
 )

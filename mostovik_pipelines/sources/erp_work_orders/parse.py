@@ -17,6 +17,7 @@ from mostovik_pipelines.framework.errors import (
     SourceContractError,
     SourceRequestRejected,
 )
+from mostovik_pipelines.framework.quality.shape import observe_records
 from mostovik_pipelines.framework.spec import (
     ExtractRequest,
     PageCursor,
@@ -79,6 +80,8 @@ def extract(request: ExtractRequest) -> RawPayload:
 def transform(request: TransformRequest) -> ParsedRows:
     """The page's items as rows; an item that cannot be read is rejected with the reason."""
     items = _page(request.content)["items"]
+    if items:
+        request.report_shape(observe_records(items))
     after = _sort_key_of((request.cursor.resume_after if request.cursor else None) or {})
     columns: dict[str, list] = {name: [] for name in FIELDS}
     rejected, numbers = [], []

@@ -29,7 +29,7 @@ def transform(request: TransformRequest) -> ParsedRows:
     from mostovik_pipelines.sources.material_deliveries.report import parse_delivery_report
 
     return parse_delivery_report(request.content, file_name_of(request.partition_key),
-                                 request.partition_key, MAX_FILE_BYTES)
+                                 request.partition_key, MAX_FILE_BYTES, request.report_shape)
 
 
 def _content_type(content: bytes) -> str:

@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.framework.quality.shape import SAMPLE_VALUES, ObservedShape, observe_columns
 from mostovik_pipelines.framework.readers.cell_values import (
     UNREADABLE,
     cell_amount,
@@ -38,7 +39,11 @@ from mostovik_pipelines.framework.readers.cell_values import (
     read_distinct,
 )
 from mostovik_pipelines.framework.readers.csv_export import CsvTable, read_csv
-from mostovik_pipelines.framework.readers.headers import locate_header
+from mostovik_pipelines.framework.readers.headers import (
+    locate_header,
+    named_columns,
+    observe_sheet,
+)
 from mostovik_pipelines.framework.readers.sheet import Cell, Sheet, is_empty
 from mostovik_pipelines.framework.readers.xlsx_export import read_xlsx
 from mostovik_pipelines.framework.spec import ParsedRows, RejectedRow
@@ -101,18 +106,39 @@ READERS: dict[str, Callable[[Cell], Any]] = {
 
 
 def parse_delivery_report(content: bytes, file_name: str, file_version: str,
-                          max_bytes: int) -> ParsedRows:
+                          max_bytes: int,
+                          report_shape: Callable[[ObservedShape], None] | None = None,
+                          ) -> ParsedRows:
     """The rows of one delivery report, typed as :data:`COLUMNS`; a row that cannot be read is
-    rejected with its reason (quarantined), the file as a whole must be a readable report."""
+    rejected with its reason (quarantined), the file as a whole must be a readable report.
+    ``report_shape`` is told the report's columns (its header and its values' kinds) before
+    its rows are read."""
     if len(content) > max_bytes:
         raise DataValidationError(
             f"{file_name}: {len(content):,} bytes is over the limit of {max_bytes:,} bytes"
         )
     with _collector_paused():
         source = _read_sheet(content, file_name, max_bytes)
+        shape = _observed(source)
+        if shape is not None and report_shape is not None:
+            report_shape(shape)
         if isinstance(source, CsvTable):
             return _parse_table(source, file_name, file_version)
         return _parse_sheet(source, file_name, file_version)
+
+
+def _observed(source: Sheet | CsvTable) -> ObservedShape | None:
+    """The report's columns as sent: the header's names and a sample of each column's values
+    (:data:`SAMPLE_VALUES` rows spread over the file, taken by Arrow for a CSV); None when no
+    row looks like the header."""
+    if isinstance(source, CsvTable):
+        count = source.rows.num_rows
+        taken = pa.array(np.linspace(0, count - 1, min(count, SAMPLE_VALUES), dtype=np.int64))
+        named = named_columns(source.header, HEADERS)
+        return observe_columns([name for _, name in named],
+                               [source.rows.column(position).take(taken).to_pylist()
+                                for position, _ in named])
+    return observe_sheet(source, HEADERS)
 
 
 @contextlib.contextmanager

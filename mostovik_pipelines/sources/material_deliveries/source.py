@@ -12,6 +12,7 @@ from sqlalchemy import Column, Date, Index, Integer, String
 
 from mostovik_pipelines.framework.assets.inbox_sensor import new_file_versions_sensor
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
 from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, LoadedPartition, SourceSpec
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
@@ -43,6 +44,24 @@ material_deliveries = warehouse_table(
     Index("ix_material_deliveries_source_file", "source_file"),
     natural_key=("waybill", "line_no"),
 )
+
+TEXT = ValueKind.TEXT
+SHAPE = SourceShape((
+    # Text dates, date cells, or Excel day counts.
+    expect("Дата поставки", ValueKind.DATE_DMY, ValueKind.DATE_ISO, ValueKind.DATETIME,
+           ValueKind.INTEGER),
+    expect("Объект", TEXT, ValueKind.INTEGER),
+    expect("Накладная", TEXT, ValueKind.INTEGER),
+    expect("Строка", ValueKind.INTEGER),
+    expect("Материал", TEXT),
+    expect("Ед. изм.", TEXT),
+    expect("Количество", NUMBER),
+    expect("Цена", NUMBER),
+    expect("Поставщик", TEXT),
+))
+"""The report template's columns, by header (matched whatever its case and spacing; their
+order does not count). A column a site adds loads as usual and warns (a file's default,
+``warn``): sites add notes beside the table."""
 
 
 def archive_loaded_file(loaded: LoadedPartition) -> None:
@@ -77,4 +96,5 @@ SOURCE = SourceSpec(
     max_runtime_seconds=30 * 60,
     # Files arrive when sites send them: no freshness policy, every new version is a run.
     protocol="file",
+    shape=SHAPE,
 )

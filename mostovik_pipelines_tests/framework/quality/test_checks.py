@@ -23,7 +23,7 @@ from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.runs import load_metadata, run_partition, step_failure_message
 
 PARTITION = "2026-11-04"
-CBR_CHECKS = {"natural_key_unique", "rows_in_partition", "quarantine_share",
+CBR_CHECKS = {"natural_key_unique", "rows_in_partition", "quarantine_share", "source_shape",
               "currencies_present_and_positive"}
 
 
