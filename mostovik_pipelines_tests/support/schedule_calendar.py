@@ -2,8 +2,9 @@
 started just before each tick a test names, and the test reads what it did from run storage and
 the warehouse, as an operator would.
 
-The stand-ins run in the test process, on the real clock: the CBR stand-in is told, before each
-tick, what the CBR has published by the daemon's instant (tomorrow's rates from 15:30)."""
+The stand-ins run in the test process, on the real clock: the CBR stand-ins are told, before each
+tick, what the CBR has published by the daemon's instant (tomorrow's rates from 15:30, today's
+metal prices)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 
 ALL_SCHEDULES = ("cbr_daily_rates_schedule", "cbr_metal_prices_schedule",
                  "erp_work_orders_schedule", "prune_storage_daily")
-LEAD = timedelta(seconds=15)
-"""How long before a tick the daemon is started: its heartbeats come within that, and the
-schedules count from its start, so a slower start still evaluates the tick."""
+LEAD = timedelta(seconds=3)
+"""How long before a tick the daemon is started. The schedules count their ticks from its start
+(:func:`.fake_clock.hold_schedules_from`), so a slower start still evaluates the tick."""
 CBR_PUBLISHES_AT = time(15, 30)
 
 
@@ -61,6 +62,7 @@ class Calendar:
         ``due`` among them; the runs of every tick since ``catch_up_since``."""
         start = started_at or due - LEAD
         self.standin.publish_cbr_until(cbr_published_until(start).isoformat())
+        self.standin.control("cbr_metals", "published_until", {"date": start.date().isoformat()})
         self.daemon.restart(start, catch_up=catch_up_since is not None)
         tick = wait_for_tick(self.daemon.instance, schedule, due,
                              diagnostics=self.daemon.log_tail)
@@ -83,12 +85,12 @@ def calendars(work_dir: Path, warehouse_url: str, standin_server: StandinServer,
               standin: StandinClient,
               alert_interval_seconds: int = 2) -> Iterator[Callable[..., Calendar]]:
     """Makes a :class:`Calendar`: a fresh instance, the warehouse, and the daemon that runs only
-    the named schedule, with each source's lookback as given (``erp=1``: days), its alerts
+    the named schedules, with each source's lookback as given (``erp=1``: days), its alerts
     posted to a webhook of the test's."""
     started: list[FakeClockDaemon] = []
     with WebhookReceiver() as webhook:
 
-        def start(schedule: str, **lookback_days: int) -> Calendar:
+        def start(*schedules: str, **lookback_days: int) -> Calendar:
             environment = {
                 **code_location_environment(work_dir, warehouse_url, standin_server),
                 **{f"MOSTOVIK_{name.upper()}_LOOKBACK_DAYS": str(days)
@@ -98,7 +100,7 @@ def calendars(work_dir: Path, warehouse_url: str, standin_server: StandinServer,
             }
             daemon = FakeClockDaemon(work_dir, fake_clock_instance(work_dir), environment,
                                      stopped_schedules=[s for s in ALL_SCHEDULES
-                                                        if s != schedule])
+                                                        if s not in schedules])
             started.append(daemon)
             return Calendar(daemon, standin, webhook=webhook, warehouse_url=warehouse_url)
 
