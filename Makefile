@@ -50,7 +50,7 @@ test: install-dev system-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## What the test servers need on this machine, once, before any test worker starts: the Debian
-## packages postgresql and redis-server (installed with apt when run as root; otherwise named)
+## packages postgresql, redis-server and faketime (installed with apt when run as root; otherwise named)
 ## and, as root, the system user that owns the throw-away PostgreSQL clusters; then checked.
 system-deps: install-dev
 	$(BIN)/python -m mostovik_pipelines_tests.support.machine

@@ -9,7 +9,9 @@ that clock alone. This entry point is the real daemon with the interval set to
 ``test_dagster_daemon.py`` pins that the backfill loop still reads it.
 
 Run as ``python .../support/dagster_daemon.py run --workspace ...`` (a script: it imports
-nothing of the tests), with the arguments of ``dagster-daemon``.
+nothing of the tests), or as ``python -m mostovik_pipelines_tests.support.dagster_daemon ...``
+(the fake-clock daemon: no test module shadows a standard one then), with the arguments of
+``dagster-daemon``.
 """
 
 from __future__ import annotations
