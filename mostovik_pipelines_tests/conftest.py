@@ -131,3 +131,14 @@ def production_home(postgres, tmp_path) -> tuple[Path, dict[str, str]]:
     """A DAGSTER_HOME with deploy/dagster.yaml (PostgreSQL run storage) and its environment,
     on a fresh database."""
     return production_instance(postgres, f"dagster_{uuid.uuid4().hex[:12]}", tmp_path)
+
+
+@pytest.fixture
+def calendar(tmp_path, pg_warehouse_url, standin_server, standin):
+    """Makes a source calendar run by the real daemon on a fake clock
+    (:func:`.support.schedule_calendar.calendars`); the stand-in's ERP is reset after it."""
+    from mostovik_pipelines_tests.support.schedule_calendar import calendars
+
+    with calendars(tmp_path, pg_warehouse_url, standin_server, standin) as start:
+        yield start
+    standin.reset_erp()

@@ -13,8 +13,6 @@ support/fake_clock.py) started just before the ticks each test names, against th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -22,10 +20,8 @@ from click.testing import CliRunner
 from mostovik_pipelines.cli import main as mostovik
 from mostovik_pipelines.framework.runs.tags import run_partitions
 from mostovik_pipelines.sources import cbr_daily_rates
-from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines_tests.support.schedule_calendar import (
     Calendar,
-    calendars,
     moscow,
     requested_because,
     runs_at_once,
@@ -36,13 +32,6 @@ from mostovik_pipelines_tests.support.warehouse import table_rows
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 CBR = cbr_daily_rates.SOURCE
-
-
-@pytest.fixture
-def calendar(tmp_path: Path, pg_warehouse_url: str, standin_server: StandinServer,
-             standin: StandinClient) -> Iterator[Callable[..., Calendar]]:
-    with calendars(tmp_path, pg_warehouse_url, standin_server, standin) as start:
-        yield start
 
 
 def test_a_weekend_of_cbr_ticks_loads_sundays_and_mondays_rates(calendar):

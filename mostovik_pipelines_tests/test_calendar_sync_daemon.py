@@ -9,17 +9,12 @@ a real warehouse; read as an operator would, from run storage and the table:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
 import pytest
 
 from mostovik_pipelines.framework.automation.partition_states import partition_states
 from mostovik_pipelines.sources import erp_work_orders
-from mostovik_pipelines.standin import StandinClient, StandinServer
+from mostovik_pipelines.standin import StandinClient
 from mostovik_pipelines_tests.support.schedule_calendar import (
-    Calendar,
-    calendars,
     day_after,
     moscow,
     requested_because,
@@ -30,14 +25,6 @@ from mostovik_pipelines_tests.support.warehouse import table_rows
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 ERP = erp_work_orders.SOURCE
-
-
-@pytest.fixture
-def calendar(tmp_path: Path, pg_warehouse_url: str, standin_server: StandinServer,
-             standin: StandinClient) -> Iterator[Callable[..., Calendar]]:
-    with calendars(tmp_path, pg_warehouse_url, standin_server, standin) as start:
-        yield start
-    standin.reset_erp()
 
 
 def _window(standin: StandinClient, day: str) -> set[tuple[str, int]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
@@ -21,6 +21,7 @@ from dagster import (
 )
 from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
+from mostovik_pipelines.framework.automation.policy import CatchUpPolicy
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.framework.quality.shape import (
     AddedFieldPolicy,
@@ -29,7 +30,6 @@ from mostovik_pipelines.framework.quality.shape import (
     SourceShape,
 )
 from mostovik_pipelines.framework.retries import RetryPolicy
-from mostovik_pipelines.settings import setting
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 
 if TYPE_CHECKING:
@@ -245,35 +245,6 @@ class SourceSchedule:
     cron: str
     timezone: str
     latest_partitions: int = 1
-
-
-@dataclass(frozen=True)
-class CatchUpPolicy:
-    """What the source's schedule (or sensor) asks for again without an operator, so that the
-    runs nobody launches by hand add up to every period's data (:mod:`..automation`)."""
-
-    lookback: timedelta = timedelta(days=7)
-    """How far back partitions are looked after: within it, a partition that is missing, was
-    not available yet, failed on a transient error or (syncs) was not synced after its window
-    closed is asked for again. Older ones wait for an operator's backfill."""
-    settle: timedelta = timedelta(0)
-    """Syncs: how long after its window closes the source may still change it (a lagging
-    replica). A window is final once a sync that started after close + settle succeeded."""
-    backoff: timedelta = timedelta(minutes=30)
-    """After a transient failure a partition is asked for again no sooner than this, doubled
-    with every further failure in a row, up to ``max_backoff``: a source down for a week costs
-    a handful of runs, not one per tick."""
-    max_backoff: timedelta = timedelta(days=1)
-
-    @classmethod
-    def from_settings(cls, prefix: str, *, lookback_days: int = 7,
-                      settle_minutes: int = 0) -> CatchUpPolicy:
-        """The policy with the lookback and settle time an operator can set in the environment,
-        ``<prefix>_LOOKBACK_DAYS`` and ``<prefix>_SETTLE_MINUTES`` (the defaults as given)."""
-        return cls(
-            lookback=timedelta(days=int(setting(f"{prefix}_LOOKBACK_DAYS", str(lookback_days)))),
-            settle=timedelta(minutes=int(setting(f"{prefix}_SETTLE_MINUTES",
-                                                 str(settle_minutes)))))
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,8 @@ def test_a_source_that_stays_down_fails_after_the_configured_attempts(
         ("status", {"status": 404}, "request rejected: SourceRequestRejected: HTTP 404",
          [1, 0, 0]),
         ("malformed", {}, "not well-formed XML", [1, 1, 0]),
-        ("rename_element", {"element": "CharCode", "renamed_to": "Code"}, "has no <CharCode>",
-         [1, 1, 0]),
+        ("rename_element", {"element": "CharCode", "renamed_to": "Code"},
+         "missing field Valute/CharCode", [1, 1, 0]),
     ],
 )
 def test_permanent_failures_take_one_attempt_and_keep_the_loaded_rows(
