@@ -76,28 +76,32 @@ class CalendarTotals:
     checked: dict[str, int] = field(default_factory=dict)
 
 
-def calendar_steps(days: int, rng: random.Random) -> list[Step]:
-    """Every tick of the span, in time order: the CBR's at 12, 16 and 20, the metals' at 18, and
-    of the ERP's hourly ticks those at 00:05, one drawn in the day and 23:05."""
+def calendar_steps(days: int, rng: random.Random,
+                   sources: tuple[str, ...] = tuple(SCHEDULES)) -> list[Step]:
+    """Every tick of the span of ``sources``, in time order: the CBR's at 12, 16 and 20, the
+    metals' at 18, and of the ERP's hourly ticks those at 00:05, one drawn in the day and 23:05."""
     steps = []
     for offset in range(days):
         day = day_after(FIRST_DAY, offset)
         steps += [Step(CBR.name, moscow(day, hour)) for hour in (12, 16, 20)]
         steps.append(Step(METALS.name, moscow(day, 18)))
         steps += [Step(ERP.name, moscow(day, hour, 5)) for hour in (0, rng.randint(8, 21), 23)]
-    return sorted(steps, key=lambda step: step.due)
+    return sorted((step for step in steps if step.source in sources), key=lambda s: s.due)
 
 
-def settling_steps(days: int) -> list[Step]:
+def settling_steps(days: int, sources: tuple[str, ...] = tuple(SCHEDULES)) -> list[Step]:
     """The day after the span, with nothing going wrong: what is not final yet becomes final."""
     day = day_after(FIRST_DAY, days)
-    return [Step(ERP.name, moscow(day, 0, 5)), Step(CBR.name, moscow(day, 12)),
-            Step(CBR.name, moscow(day, 16)), Step(METALS.name, moscow(day, 18))]
+    return [step for step in (
+        Step(ERP.name, moscow(day, 0, 5)), Step(CBR.name, moscow(day, 12)),
+        Step(CBR.name, moscow(day, 16)), Step(METALS.name, moscow(day, 18)))
+        if step.source in sources]
 
 
 class CalendarSuite:
     def __init__(self, calendar: Calendar, seed: int, days: int, log,
-                 max_outage_ticks: int = 3) -> None:
+                 max_outage_ticks: int = 3, sources: tuple[str, ...] = tuple(SCHEDULES),
+                 down_sources: tuple[str, ...] = tuple(SCHEDULES)) -> None:
         self.calendar = calendar
         self.standin = calendar.standin
         self.rng = random.Random(seed)
@@ -105,8 +109,9 @@ class CalendarSuite:
         self.log = log
         self.totals = CalendarTotals()
         self.max_outage_ticks = max_outage_ticks
-        self.steps = calendar_steps(days, self.rng)
-        self.outages = {source: self._outage(source) for source in ROUTES}
+        self.sources = sources
+        self.steps = calendar_steps(days, self.rng, sources)
+        self.outages = {source: self._outage(source) for source in down_sources}
         self.permanent = day_after(FIRST_DAY, self.rng.randint(1, days))
         """A CBR date whose answer is malformed for good."""
         first_down = self.rng.randint(2, len(self.steps) - 4)
@@ -121,8 +126,7 @@ class CalendarSuite:
 
     def _outage(self, source: str) -> set[int]:
         """Which of the source's ticks (their order among its own) find it down."""
-        ticks = sum(1 for step in calendar_steps(self.days, random.Random(0))
-                    if step.source == source)
+        ticks = sum(1 for step in calendar_steps(self.days, random.Random(0), (source,)))
         length = self.rng.randint(1, self.max_outage_ticks)
         first = self.rng.randrange(0, max(1, ticks - length))
         return set(range(first, first + length))
@@ -146,7 +150,7 @@ class CalendarSuite:
             self._tick(step, catch_up_since)
             catch_up_since = None
         self._faults(down=[])
-        for step in settling_steps(self.days):
+        for step in settling_steps(self.days, self.sources):
             self._tick(step, None)
         self.calendar.daemon.stop()
         self._check()
@@ -193,7 +197,7 @@ class CalendarSuite:
         instance = self.calendar.daemon.instance
         url = self.calendar.warehouse_url
         span = [day_after(FIRST_DAY, offset) for offset in range(self.days + 1)]
-        for source in (CBR, METALS, ERP):
+        for source in (spec for spec in (CBR, METALS, ERP) if spec.name in self.sources):
             self.totals.runs[source.name] = len(instance.get_runs(RunsFilter(
                 tags={"mostovik/source": source.name})))
             for key, run_a, run_b in runs_at_once(self.calendar, source):
@@ -203,8 +207,10 @@ class CalendarSuite:
         for run in stuck:
             self._fail(f"run {run.run_id} left {run.status.value}")
         self._check_rates(url, span)
-        self._check_metals(url, span)
-        self._check_windows(url, span)
+        if METALS.name in self.sources:
+            self._check_metals(url, span)
+        if ERP.name in self.sources:
+            self._check_windows(url, span)
         states = partition_states(instance, CBR, [self.permanent], moscow(FIRST_DAY, 0))
         if states[self.permanent].latest_outcome is not Outcome.FAILED_PERMANENTLY:
             self._fail(f"{self.permanent}: {states[self.permanent]}, not waiting")
@@ -267,9 +273,13 @@ def _published_rates(day: str) -> set:
 
 def run_calendar_chaos(postgres: ThrowawayPostgres, standin_server: StandinServer, seed: int,
                        days: int, *, lookback_days: int = 7, max_outage_ticks: int = 3,
+                       sources: tuple[str, ...] = tuple(SCHEDULES),
+                       down_sources: tuple[str, ...] | None = None,
                        template: str | None = None, log=print) -> CalendarTotals:
-    """Run the calendar in a warehouse and instance of its own and print the summary. A shorter
-    ``lookback_days`` makes each source's first tick (and a run while it is down) smaller."""
+    """Run the calendar of ``sources`` (the CBR's always: it carries the permanent failure) in
+    a warehouse and instance of their own, ``down_sources`` (default: all of them) going down,
+    and print the summary. A shorter ``lookback_days`` makes each source's first tick (and a run
+    while it is down) smaller."""
     started = time.monotonic()
     name = f"wh_calendar_{seed % 100_000}_{int(time.time()) % 100_000}"
     with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
@@ -282,9 +292,10 @@ def run_calendar_chaos(postgres: ThrowawayPostgres, standin_server: StandinServe
     try:
         with tempfile.TemporaryDirectory(prefix="calendar-") as work_dir, calendars(
                 Path(work_dir), postgres.url(name), standin_server, standin) as start:
-            calendar = start(*SCHEDULES.values(), cbr=lookback_days, cbr_metals=lookback_days,
-                             erp=lookback_days)
-            totals = CalendarSuite(calendar, seed, days, log, max_outage_ticks).run()
+            calendar = start(*(SCHEDULES[name] for name in sources), cbr=lookback_days,
+                             cbr_metals=lookback_days, erp=lookback_days)
+            totals = CalendarSuite(calendar, seed, days, log, max_outage_ticks, sources,
+                                   down_sources or sources).run()
     finally:
         standin.clear_faults()
         standin.reset_erp()

@@ -83,7 +83,7 @@ class Calendar:
 @contextlib.contextmanager
 def calendars(work_dir: Path, warehouse_url: str, standin_server: StandinServer,
               standin: StandinClient,
-              alert_interval_seconds: int = 2) -> Iterator[Callable[..., Calendar]]:
+              alert_interval_seconds: int = 5) -> Iterator[Callable[..., Calendar]]:
     """Makes a :class:`Calendar`: a fresh instance, the warehouse, and the daemon that runs only
     the named schedules, with each source's lookback as given (``erp=1``: days), its alerts
     posted to a webhook of the test's."""
@@ -97,6 +97,8 @@ def calendars(work_dir: Path, warehouse_url: str, standin_server: StandinServer,
                    for name, days in lookback_days.items()},
                 "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
                 "MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS": str(alert_interval_seconds),
+                # No inbox in a calendar: its sensor looks once a minute, not every 15 s.
+                "MOSTOVIK_INBOX_SENSOR_INTERVAL_SECONDS": "60",
             }
             daemon = FakeClockDaemon(work_dir, fake_clock_instance(work_dir), environment,
                                      stopped_schedules=[s for s in ALL_SCHEDULES
