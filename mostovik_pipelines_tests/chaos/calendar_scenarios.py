@@ -11,7 +11,8 @@ Every tick of every day runs (the daemon started just before it), then a fault-f
 At the end, as an operator would check: every CBR date and metals day of the span is loaded and
 exact (the stand-ins' own documents parsed), every ERP window equals the source's oracle, the
 permanent failure is loaded by no run after its first, waits for an operator and was alerted,
-no partition had two runs at once, no run is left in progress, and the runs launched are counted.
+no partition had two runs at once, no run is left in progress, and the runs launched are counted
+(at most two a tick).
 The file source is not in it: its sensor's retries are tested on their own
 (``framework/assets/test_inbox_sensor.py``).
 
@@ -202,6 +203,9 @@ class CalendarSuite:
                 tags={"mostovik/source": source.name})))
             for key, run_a, run_b in runs_at_once(self.calendar, source):
                 self._fail(f"{source.name} {key}: runs {run_a} and {run_b} at once")
+        if sum(self.totals.runs.values()) > 2 * self.totals.steps:
+            self._fail(f"{sum(self.totals.runs.values())} runs for {self.totals.steps} ticks: "
+                       "more than two a tick")
         stuck = instance.get_runs(RunsFilter(statuses=[
             DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]))
         for run in stuck:
