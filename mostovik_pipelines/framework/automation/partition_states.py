@@ -96,7 +96,7 @@ def partition_states(instance: DagsterInstance, spec: SourceSpec, keys: Sequence
     runs = _runs_of(instance, spec, runs_since)
     covering: dict[str, list[RunRecord]] = {key: [] for key in keys}
     for record in runs:
-        for key in run_partitions(record.dagster_run.tags, spec.partitions_def) & wanted:
+        for key in run_partitions(record.dagster_run.tags, spec.partitions_def, instance) & wanted:
             covering[key].append(record)
     materialized = _materializations(instance, spec, keys)
     run_starts = _run_starts(instance, runs, {run_id for found in materialized.values()

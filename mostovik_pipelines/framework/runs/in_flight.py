@@ -85,8 +85,8 @@ def older_runs_in_flight(
         targets_source = run.job_name == claim.job_name or (
             run.asset_selection is not None and claim.asset_key in run.asset_selection
         )
-        if (targets_source and claim.partition_keys & run_partitions(run.tags, partitions_def)
-                and _alive(instance, record)):
+        covered = run_partitions(run.tags, partitions_def, instance)
+        if targets_source and claim.partition_keys & covered and _alive(instance, record):
             older.append(run)
     return older
 

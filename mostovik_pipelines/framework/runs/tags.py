@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from dagster import PartitionKeyRange, PartitionsDefinition
+from dagster import PartitionKeyRange, PartitionsDefinition, TimeWindowPartitionsDefinition
 
 if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
     from mostovik_pipelines.framework.spec import SourceSpec
 
 TAG_PREFIX = "mostovik/"
@@ -48,11 +50,20 @@ def business_tags(spec: SourceSpec) -> dict[str, str]:
     return {JOB_TYPE_TAG: spec.job_type.value, SOURCE_TAG: spec.name}
 
 
-def run_partitions(tags: Mapping[str, str], partitions_def: PartitionsDefinition) -> set[str]:
-    """The partitions a run covers, by its partition tag or its range tags."""
+def run_partitions(tags: Mapping[str, str], partitions_def: PartitionsDefinition,
+                   dynamic_partitions_store: DagsterInstance | None = None) -> set[str]:
+    """The partitions a run covers, by its partition tag or its range tags. A range of dynamic
+    partitions (a single-run backfill of file versions) is read in the order the
+    ``dynamic_partitions_store`` (the instance) keeps them; without it, its two ends."""
     if PARTITION_TAG in tags:
         return {tags[PARTITION_TAG]}
     start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
-    if start and end:
+    if not (start and end):
+        return set()
+    if isinstance(partitions_def, TimeWindowPartitionsDefinition):
         return set(partitions_def.get_partition_keys_in_range(PartitionKeyRange(start, end)))
-    return set()
+    keys = list(partitions_def.get_partition_keys(
+        dynamic_partitions_store=dynamic_partitions_store)) if dynamic_partitions_store else []
+    if start in keys and end in keys:
+        return set(keys[keys.index(start):keys.index(end) + 1])
+    return {start, end}

@@ -182,3 +182,21 @@ def test_a_partition_with_a_run_in_flight_is_not_asked_for(cbr, instance):
     assert plan.held[past] == f"run {queued.run_id} in flight"
     # The single-run source splits its catch-up around it, into the spans before and after.
     assert [run.keys[-1] for run in plan.runs] == [_day(-3), _day(1)]
+
+
+def test_a_single_run_backfill_of_file_versions_holds_each_of_them_in_flight(
+        instance, pg_warehouse_url, standin_server, tmp_path):
+    """A UI backfill of several delivery report versions is one ranged run over dynamic
+    partitions: each version in it is in flight, and the sensor does not ask for it."""
+    from mostovik_pipelines.sources import material_deliveries
+
+    source = material_deliveries.SOURCE
+    versions = ["a.csv@000000000001", "b.csv@000000000002", "c.csv@000000000003"]
+    instance.add_dynamic_partitions(source.partitions_def.name, versions)
+    location = code_location_for(pg_warehouse_url, standin_server, tmp_path, [source])
+    ranged = instance.create_run_for_job(
+        location.resolve_job_def("material_deliveries_job"), status=DagsterRunStatus.NOT_STARTED,
+        tags={RANGE_START_TAG: versions[0], RANGE_END_TAG: versions[1]})
+    states = partition_states(instance, source, versions, datetime.now(UTC) - timedelta(days=1))
+    assert [states[key].in_flight_run for key in versions] == [
+        ranged.run_id, ranged.run_id, None]
