@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from mostovik_pipelines.metrics.command import metrics
 from mostovik_pipelines.settings import resolved_database_url
 
 if TYPE_CHECKING:
@@ -427,6 +428,8 @@ def jobs_rerun(run_id: str | None, source: str | None, period: str | None,
     if job.status is JobStatus.FAILED:
         sys.exit(EXIT_JOB_FAILED)
 
+
+main.add_command(metrics)
 
 if __name__ == "__main__":
     main()
