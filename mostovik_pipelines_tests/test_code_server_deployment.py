@@ -1,15 +1,18 @@
 """The production layout with one code server (deploy/systemd/mostovik-code-server.service): the
 webserver and the daemon load no code, they reach ``dagster code-server start`` over gRPC through
-deploy/workspace.yaml, and the runs the daemon launches start from that server.
+deploy/workspace.yaml, the runs the daemon launches start from that server, and their steps run
+on a Celery worker (``MOSTOVIK_EXECUTOR=celery``, Redis as broker), as deploy/README sets it up.
 
 A deploy of new code is what deploy/README's "Deploy new code" says: the new code installed, the
-location reloaded as the UI's "Reload" does. The released code here is a module of the test's own
+location reloaded as the UI's "Reload" does, the workers restarted (they import the code
+themselves). The released code here is a module of the test's own
 (the package's definitions, and in the second release one more asset check), so that the test
 changes the code without touching the installed package.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +22,14 @@ import pytest
 
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
+from mostovik_pipelines_tests.support.celery_workers import REPO, CeleryWorker
 from mostovik_pipelines_tests.support.code_server import WORKSPACE, CodeServer, reload_location
 from mostovik_pipelines_tests.support.instances import (
     create_instance_storage,
     production_instance,
 )
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import wait_for_hanging_request
 from mostovik_pipelines_tests.support.warehouse import table_rows
 from mostovik_pipelines_tests.support.webserver import DagsterServices
@@ -68,9 +73,9 @@ def _release(release_dir: Path, code: str) -> None:
 @pytest.fixture(scope="module")
 def deployment(postgres: ThrowawayPostgres, standin_server: StandinServer,
                tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[tuple[DagsterServices, CodeServer, Path]]:
-    """The code server on the first release, then the webserver and the daemon on
-    deploy/workspace.yaml, on a fresh production instance and warehouse."""
+               ) -> Iterator[tuple[DagsterServices, CeleryWorker, Path]]:
+    """The code server and a Celery worker on the first release, then the webserver and the
+    daemon on deploy/workspace.yaml, on a fresh production instance and warehouse."""
     work_dir = tmp_path_factory.mktemp("code_server")
     release_dir = work_dir / "release"
     release_dir.mkdir()
@@ -80,25 +85,34 @@ def deployment(postgres: ThrowawayPostgres, standin_server: StandinServer,
     with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
         connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
     home, environment = production_instance(postgres, dagster_db, work_dir)
+    redis = ThrowawayRedis(persistent=True).start()
     environment.update({
         "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
         "MOSTOVIK_CBR_URL": standin_server.cbr_url,
         "MOSTOVIK_ERP_URL": standin_server.erp_url,
         "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_EXECUTOR": "in_process",
-        "PYTHONPATH": str(release_dir),
+        "MOSTOVIK_EXECUTOR": "celery",
+        "MOSTOVIK_CELERY_BROKER_URL": redis.url(0),
+        "MOSTOVIK_CELERY_BACKEND_URL": redis.url(1),
+        "MOSTOVIK_STORAGE_DIR": str(work_dir / "shared" / "storage"),
+        "MOSTOVIK_LANDING_DIR": str(work_dir / "shared" / "landing"),
+        "PYTHONPATH": os.pathsep.join([str(release_dir), str(REPO)]),
     })
     code_server = CodeServer(RELEASE_MODULE, release_dir, work_dir / "code_server.log")
     environment.update(code_server.settings)
     services = DagsterServices(work_dir, home, environment, workspace_file=WORKSPACE,
                                stopped_schedules=["erp_work_orders_schedule"])
+    worker = CeleryWorker("worker-a", work_dir / "worker-a.log")
     try:
         create_instance_storage(home, services.environment)
+        worker.start(services.environment, cwd=release_dir).wait_ready()
         code_server.start(services.environment)
         with services as running:
-            yield running, code_server, release_dir
+            yield running, worker, release_dir
     finally:
         code_server.stop()
+        worker.stop()
+        redis.stop()
         with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
             for name in (dagster_db, warehouse_db):
                 connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -111,7 +125,7 @@ def _rates_of(warehouse_url: str, partition: str) -> int:
 
 def test_a_reload_while_a_run_is_in_flight_finishes_it_and_the_next_run_uses_the_new_code(
         deployment, standin: StandinClient):
-    services, _, release_dir = deployment
+    services, worker, release_dir = deployment
     graphql = services.graphql
     warehouse_url = services.environment["MOSTOVIK_DATABASE_URL"]
     assert f"{ASSET}:{NEW_CHECK}" not in graphql.repository_contents().asset_checks
@@ -133,10 +147,20 @@ def test_a_reload_while_a_run_is_in_flight_finishes_it_and_the_next_run_uses_the
     assert _rates_of(warehouse_url, IN_FLIGHT_PARTITION) == RATES_PER_DATE
     # It ran the code it started with: the check of the second release is not in it.
     assert not graphql.check_executions(ASSET, NEW_CHECK, IN_FLIGHT_PARTITION)
+    # Its steps ran on the worker.
+    assert worker.succeeded_task_ids()
 
-    following = graphql.launch_job_run(JOB, NEXT_PARTITION)
-    finished = graphql.wait_for_run(following)
-    assert finished.status == "SUCCESS", graphql.run_errors(following)
+    # The worker imported the first release when it started: the runbook restarts it.
+    worker.stop()
+    restarted = CeleryWorker(worker.name, worker.log_path.with_name("worker-a-restarted.log"))
+    try:
+        restarted.start(services.environment, cwd=release_dir).wait_ready()
+        following = graphql.launch_job_run(JOB, NEXT_PARTITION)
+        finished = graphql.wait_for_run(following)
+        assert finished.status == "SUCCESS", graphql.run_errors(following)
+        assert restarted.succeeded_task_ids()
+    finally:
+        restarted.stop()
     assert _rates_of(warehouse_url, NEXT_PARTITION) == RATES_PER_DATE
     executions = graphql.check_executions(ASSET, NEW_CHECK)
     assert [execution["runId"] for execution in executions] == [following], executions
