@@ -37,6 +37,7 @@ def maintenance_definitions(check_keys: Sequence[AssetCheckKey]) -> Definitions:
         from dagster import MetadataValue
 
         from mostovik_pipelines.framework.dagster_compat import EngineEventData
+        from mostovik_pipelines.maintenance.policy import RUNS
         from mostovik_pipelines.maintenance.prune import prune
 
         report = prune(
@@ -47,13 +48,15 @@ def maintenance_definitions(check_keys: Sequence[AssetCheckKey]) -> Definitions:
         )
         for line in report.lines():
             context.log.info(line)
-        # What `mostovik metrics` reads as the last prune's bytes, per store.
+        # What `mostovik metrics` reads as the last prune's bytes, per store (runs are rows of
+        # run storage, not counted in bytes).
+        pruned_bytes = {store: size for store, size in report.size_bytes.items() if store != RUNS}
         context.instance.report_engine_event(
             "pruned " + ", ".join(f"{size} bytes of {store}"
-                                  for store, size in report.size_bytes.items()),
+                                  for store, size in pruned_bytes.items()),
             context.run,
             EngineEventData({f"{PRUNED_BYTES_PREFIX}{store}": MetadataValue.int(size)
-                             for store, size in report.size_bytes.items()}),
+                             for store, size in pruned_bytes.items()}),
             step_key=context.get_step_execution_context().step.key,
         )
 

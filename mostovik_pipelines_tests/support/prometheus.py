@@ -16,8 +16,8 @@ from mostovik_pipelines_tests.support.machine import require_binary
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
 
-SCRAPE_INTERVAL_SECONDS = 1
-"""The tests' scrape interval (deploy/README's sample: 30 s)."""
+SCRAPE_INTERVAL_SECONDS = 2
+"""The tests' scrape interval and timeout (deploy/README's sample: 30 s and 20 s)."""
 
 
 class ThrowawayPrometheus:
