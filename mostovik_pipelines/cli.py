@@ -26,6 +26,7 @@ from mostovik_pipelines.local_runs import (
     summary_lines,
     summary_width,
 )
+from mostovik_pipelines.metrics.command import metrics
 from mostovik_pipelines.settings import resolved_database_url
 
 
@@ -353,6 +354,8 @@ def jobs_rerun(run_id: str | None, source: str | None, period: str | None,
     if job.status is JobStatus.FAILED:
         sys.exit(EXIT_JOB_FAILED)
 
+
+main.add_command(metrics)
 
 if __name__ == "__main__":
     main()

@@ -54,8 +54,10 @@ def shown_commands() -> list[tuple[str, list[str]]]:
     found = []
     for document, block in _blocks("sh"):
         for line in block.replace("\\\n", " ").splitlines():
+            if not line.lstrip().startswith(("mostovik ", ".venv/bin/mostovik ")):
+                continue
             words = shlex.split(line, comments=True)
-            if words and words[0] in ("mostovik", ".venv/bin/mostovik"):
+            if words:
                 found.append((str(document),
                               [str(uuid.uuid4()) if w == "RUN_ID" else w for w in words[1:]]))
     return found

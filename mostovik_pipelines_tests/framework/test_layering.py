@@ -22,7 +22,7 @@ LAYERS = (
                     "framework.dagster_compat", "framework.runs.tags", "framework.load_target")),
     ("resources", ("resources", "instance_storage")),
     ("framework", ("framework", "execution")),
-    ("sources and services", ("sources", "maintenance", "standin", "scaffold")),
+    ("sources and services", ("sources", "maintenance", "standin", "scaffold", "metrics")),
     ("entry points", ("definitions", "cli", "demo", "local_runs", "")),
 )
 """The layers, lowest first, by module prefix under ``mostovik_pipelines`` (the longest prefix

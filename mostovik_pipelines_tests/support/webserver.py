@@ -982,8 +982,12 @@ class DagsterServices:
 
     def __init__(self, work_dir: Path, dagster_home: Path, environment: Mapping[str, str],
                  *, location_name: str = LOCATION_NAME,
-                 stopped_schedules: Sequence[str] = ()) -> None:
+                 stopped_schedules: Sequence[str] = (),
+                 workspace_file: Path | None = None) -> None:
         self.work_dir = work_dir
+        self.given_workspace = workspace_file
+        """A workspace file to serve (e.g. deploy/workspace.yaml: a code server over gRPC)
+        instead of the package loaded by each service."""
         self.stopped_schedules = tuple(stopped_schedules)
         self.dagster_home = dagster_home
         self.environment = {**os.environ, **environment, "DAGSTER_HOME": str(dagster_home)}
@@ -1111,6 +1115,9 @@ class DagsterServices:
         )
 
     def _write_workspace(self) -> None:
+        if self.given_workspace is not None:
+            self.workspace_file.write_text(self.given_workspace.read_text())
+            return
         self.workspace_file.write_text(yaml.safe_dump({"load_from": [{"python_module": {
             "module_name": "mostovik_pipelines",
             "attribute": "defs",
