@@ -138,6 +138,7 @@ def instance(services: DagsterServices) -> Iterator[DagsterInstance]:
             yield opened
 
 
+@pytest.mark.timeout(900)
 def test_a_daemon_killed_between_a_backfills_runs_launches_the_rest_each_partition_once(
     services, instance, standin, postgres, standin_server, tmp_path
 ):
@@ -209,6 +210,7 @@ def test_a_daemon_killed_between_a_backfills_runs_launches_the_rest_each_partiti
     )
 
 
+@pytest.mark.timeout(900)
 def test_run_monitoring_fails_a_live_run_past_its_max_runtime_and_no_duplicate_works_meanwhile(
     services, instance, standin, postgres, standin_server, tmp_path
 ):
@@ -257,10 +259,22 @@ def test_run_monitoring_fails_a_live_run_past_its_max_runtime_and_no_duplicate_w
     [loaded_by_first] = _materialisations(instance, live.run_id)
     [checked_by_second] = _materialisations(instance, duplicate)
     print(
+        "run monitoring on the first run:",
+        [
+            m
+            for m in _messages(instance, live.run_id)
+            if "runtime" in m or "grpc" in m or "fail" in m
+        ],
+    )
+    print(
         f"first run {live.run_id}: {instance.get_run_by_id(live.run_id).status}, exit "
         f"{first.returncode}; second {duplicate}: {instance.get_run_by_id(duplicate).status}"
     )
     assert instance.get_run_by_id(duplicate).status == DagsterRunStatus.SUCCESS
+    # No run of the day but these two: the daemon's run retries do not re-launch it either.
+    assert {
+        run.run_id for run in instance.get_runs(RunsFilter(tags={PARTITION_TAG: MONITORED_DAY}))
+    } == {live.run_id, duplicate}
     # The second run's load came after the first's, and found nothing to change.
     assert checked_by_second.timestamp > loaded_by_first.timestamp
     metadata = checked_by_second.asset_materialization.metadata
