@@ -5,14 +5,15 @@
   code location, the implicit asset job of UI asset backfills included (Dagster matches runs
   launched through the location: the UI, schedules, sensors, backfills, re-executions; a run of
   ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
-  alert, built from the job view of :mod:`.tracking` (source, period, the classified error),
-  unless the daemon's run retries will run it again (its retry alerts if it fails too); the
-  partitions it failed for a permanent reason are named as waiting for an operator (nothing
-  asks for them again automatically, :mod:`..automation`); a run
-  that died without writing its final ``mostovik/status`` (it still says ``running``, or the
-  status its parent ended with) gets ``failed``, so the UI's run list filters it with the
-  others. ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert:
-  someone chose it).
+  alert, built from the job view of :mod:`.tracking` (source, period, the classified error,
+  and who asked for the run and why when it carries ``mostovik/requested_by`` and
+  ``mostovik/reason``), unless the daemon's run retries will run it again (its retry alerts
+  if it fails too); the partitions it failed for a permanent reason are named as waiting for
+  an operator (nothing asks for them again automatically, :mod:`..automation`); a run that
+  died without writing its final ``mostovik/status`` (it still says ``running``, or the status
+  its parent ended with) gets ``failed``, so the UI's run list filters it with the others.
+  ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert: someone
+  chose it).
 * ``freshness_alerts``: the daemon evaluates every source's ``FreshnessPolicy`` and records each
   change of state; this sensor alerts once each time a source turns FAIL (stale) and again only
   after it has been fresh in between.
@@ -58,7 +59,7 @@ from mostovik_pipelines.framework.quality.shape import (
     OUTCOME_KEY,
     SHAPE_KEY,
 )
-from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG, STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
@@ -141,6 +142,7 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
             message=((error.message if error else context.failure_event.message) or "")
             + _what_comes_next(job.partitions, waiting),
             link=alert_notifier.run_link(run.run_id), run_id=run.run_id,
+            requested_by=run.tags.get(REQUESTED_BY_TAG), reason=run.tags.get(REASON_TAG),
         ), context.log)
 
     return run_failure_alerts
