@@ -118,13 +118,13 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def run_failure_alerts(context: RunFailureSensorContext,
                            alert_notifier: AlertNotifierResource) -> None:
         run = context.dagster_run
+        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
+            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
         if run.tags.get(WILL_RETRY_TAG) == "true":
             # The daemon runs it again (a lost worker): the job has not failed yet. Its retry,
             # a run of its own, alerts if it fails too.
             context.log.info(f"run {run.run_id} failed and will be retried: no alert yet")
             return
-        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
-            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
         job = load_job(context.instance, run.run_id, sources)
         if job.errors and all(error.kind == SHAPE_CHANGED for error in job.errors):
             context.log.info(f"run {run.run_id} failed for its source's changed shape: said "
