@@ -56,7 +56,7 @@ def build_code_location(
         *(build_source_definitions(spec) for spec in sources),
         maintenance_definitions([check.key for spec in sources for check in check_specs(spec)]),
         Definitions(
-            sensors=[*alert_sensors(sources), dead_runs_sensor()],
+            sensors=[*alert_sensors(sources), dead_runs_sensor(sources)],
             resources={**default_resources(sources), **(resources or {})},
             executor=executor_from_environment(),
         ),

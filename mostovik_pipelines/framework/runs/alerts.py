@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from dagster import (
     AssetKey,
     AssetRecordsFilter,
+    DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
     FreshnessPolicy,
@@ -106,7 +108,6 @@ def _cancelled_runs_status() -> SensorDefinition:
 
 
 def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
-    by_name = {spec.name: spec for spec in sources}
     @run_failure_sensor(
         name="run_failure_alerts",
         description="One alert per failed run of any job of this code location (UI asset "
@@ -125,27 +126,40 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
             # a run of its own, alerts if it fails too.
             context.log.info(f"run {run.run_id} failed and will be retried: no alert yet")
             return
-        job = load_job(context.instance, run.run_id, sources)
-        if job.errors and all(error.kind == SHAPE_CHANGED for error in job.errors):
+        alert = run_failure_alert(context.instance, run, sources, alert_notifier,
+                                  context.failure_event.message)
+        if alert is None:
             context.log.info(f"run {run.run_id} failed for its source's changed shape: said "
                              "once by source_shape_alerts")
             return
-        error = job.errors[0] if job.errors else None
-        spec = by_name.get(job.source or "")
-        waiting = waiting_for_operator(context.instance, spec, job.partitions, run.run_id) if (
-            spec) else []
-        alert_notifier.notify(Alert(
-            kind="run_failure", source=job.source, period=job.period,
-            job_status=JobStatus.FAILED.value,
-            error_class=error.error_class if error else "unclassified",
-            error_kind=error.kind if error else None,
-            message=((error.message if error else context.failure_event.message) or "")
-            + _what_comes_next(job.partitions, waiting),
-            link=alert_notifier.run_link(run.run_id), run_id=run.run_id,
-            requested_by=run.tags.get(REQUESTED_BY_TAG), reason=run.tags.get(REASON_TAG),
-        ), context.log)
+        alert_notifier.notify(alert, context.log)
 
     return run_failure_alerts
+
+
+def run_failure_alert(instance: DagsterInstance, run: DagsterRun,
+                      sources: Sequence[SourceSpec], notifier: AlertNotifierResource,
+                      failure_message: str | None) -> Alert | None:
+    """The alert about a failed run: its source, period, first classified error (or the run's
+    ``failure_message``), the partitions waiting for an operator, and who asked for it and why;
+    ``None`` when it failed only for its source's changed shape (said by
+    ``source_shape_alerts``)."""
+    job = load_job(instance, run.run_id, sources)
+    if job.errors and all(error.kind == SHAPE_CHANGED for error in job.errors):
+        return None
+    error = job.errors[0] if job.errors else None
+    spec = next((spec for spec in sources if spec.name == job.source), None)
+    waiting = waiting_for_operator(instance, spec, job.partitions, run.run_id) if spec else []
+    return Alert(
+        kind="run_failure", source=job.source, period=job.period,
+        job_status=JobStatus.FAILED.value,
+        error_class=error.error_class if error else "unclassified",
+        error_kind=error.kind if error else None,
+        message=((error.message if error and error.message else failure_message) or "")
+        + _what_comes_next(job.partitions, waiting),
+        link=notifier.run_link(run.run_id), run_id=run.run_id,
+        requested_by=run.tags.get(REQUESTED_BY_TAG), reason=run.tags.get(REASON_TAG),
+    )
 
 
 def _what_comes_next(partitions: Sequence[str], waiting: Sequence[str]) -> str:

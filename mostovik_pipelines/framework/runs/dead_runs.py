@@ -16,13 +16,15 @@ for a moment has taken it again by the second look: it is never marked. The mark
 infrastructure failure, ``dagster/failure_reason`` ``UNEXPECTED_TERMINATION`` with a message
 naming why, so the daemon's run retries (``run_retries`` in deploy/dagster.yaml) run a
 daemon-launched one again; a ``dagster job execute`` run, which Dagster does not retry, gets
-``dagster/max_retries`` 0 first, so it does not claim a retry that never comes.
+``dagster/max_retries`` 0 first, so it does not claim a retry that never comes, and its alert
+is sent here (``run_failure_alerts`` sees only runs launched through the code location).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 
 from dagster import (
     DagsterEventType,
@@ -38,9 +40,12 @@ from dagster import (
 )
 
 from mostovik_pipelines.framework.dagster_compat import run_failed_unexpectedly
+from mostovik_pipelines.framework.runs.alerts import run_failure_alert
 from mostovik_pipelines.framework.runs.claims import run_claim_held
 from mostovik_pipelines.framework.runs.tags import STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import JobStatus
+from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.resources.notifier import AlertNotifierResource
 from mostovik_pipelines.settings import setting
 
 DEAD_RUNS_SENSOR = "dead_runs"
@@ -57,7 +62,7 @@ claim before."""
 MAX_RETRIES_TAG = "dagster/max_retries"
 
 
-def dead_runs_sensor() -> SensorDefinition:
+def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
     @sensor(
         name=DEAD_RUNS_SENSOR,
         description="Marks failed a started run whose process died (its claim is free): "
@@ -66,7 +71,8 @@ def dead_runs_sensor() -> SensorDefinition:
         default_status=DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=INTERVAL_SECONDS,
     )
-    def dead_runs(context: SensorEvaluationContext) -> SkipReason:
+    def dead_runs(context: SensorEvaluationContext,
+                  alert_notifier: AlertNotifierResource) -> SkipReason:
         instance = context.instance
         watched = {job.name for job in context.repository_def.get_all_jobs()
                    if _holds_run_claim(job.executor_def)}
@@ -86,7 +92,12 @@ def dead_runs_sensor() -> SensorDefinition:
                 still_free[run.run_id] = first_free
                 continue
             if _still_started(instance, run.run_id):  # not ended since the first look
-                mark_dead(instance, record, first_free)
+                message = mark_dead(instance, record, first_free)
+                if run.remote_job_origin is None:
+                    alert = run_failure_alert(instance, instance.get_run_by_id(run.run_id),
+                                              sources, alert_notifier, message)
+                    if alert is not None:
+                        alert_notifier.notify(alert, context.log)
                 context.log.warning(f"run {run.run_id} of {run.job_name} is dead: marked "
                                     "failed")
                 marked.append(run.run_id)
@@ -97,20 +108,23 @@ def dead_runs_sensor() -> SensorDefinition:
     return dead_runs
 
 
-def mark_dead(instance: DagsterInstance, record: RunRecord, free_since: float) -> None:
-    """Fail the run as an infrastructure failure that says why; only a run launched through the
-    code location (the queue, the UI, a schedule, a sensor) can be retried by the daemon."""
+def mark_dead(instance: DagsterInstance, record: RunRecord, free_since: float) -> str:
+    """Fail the run as an infrastructure failure that says why (returned); only a run launched
+    through the code location (the queue, the UI, a schedule, a sensor) can be retried by the
+    daemon."""
     run = record.dagster_run
     if run.remote_job_origin is None:
         instance.add_run_tags(run.run_id, {MAX_RETRIES_TAG: "0"})
     instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
     gone_for = time.time() - free_since
-    run_failed_unexpectedly(instance, instance.get_run_by_id(run.run_id), (
+    message = (
         "The run's process is gone: no live process has held the run's claim for "
         f"{gone_for:.0f} s (killed, out of memory, or its machine lost), so run storage's "
         "'started' was not true any more. Marked failed by the dead_runs sensor; "
         + ("the daemon's run retries may run it again." if run.remote_job_origin else
-           "launched outside the daemon (dagster job execute), it is not retried: re-run it.")))
+           "launched outside the daemon (dagster job execute), it is not retried: re-run it."))
+    run_failed_unexpectedly(instance, instance.get_run_by_id(run.run_id), message)
+    return message
 
 
 def _past_start_grace(instance: DagsterInstance, record: RunRecord, now: float) -> bool:

@@ -16,8 +16,10 @@ the in-process executor) as an engine event, which is how the test finds what to
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,13 +45,14 @@ from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
-from mostovik_pipelines_tests.support.processes import start_job_execute
+from mostovik_pipelines_tests.support.processes import DAGSTER
 from mostovik_pipelines_tests.support.waiting import (
     PROCESS_START_MARGIN_SECONDS,
     limit_for,
     wait_for_hanging_request,
     wait_until,
 )
+from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 from mostovik_pipelines_tests.support.webserver import RUN_LIMIT_SECONDS, DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -75,7 +78,14 @@ SIGNED = {REQUESTED_BY_TAG: WHO, REASON_TAG: WHY}
 
 
 @pytest.fixture(scope="module")
-def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
+def webhook() -> Iterator[WebhookReceiver]:
+    """The team's alert webhook, on 127.0.0.1."""
+    with WebhookReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook: WebhookReceiver,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServices]:
     """Webserver and daemon on a fresh production instance (run retries on, once) and a fresh
     warehouse; a held fetch waits for the test, not for the source's 30 s timeout."""
@@ -91,6 +101,7 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
         "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
         "MOSTOVIK_EXECUTOR": "in_process",
         "MOSTOVIK_CBR_TIMEOUT_SECONDS": "600",
+        "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
     })
     try:
         with DagsterServices(work_dir, home, environment) as running:
@@ -208,7 +219,7 @@ def _retried_once_and_exact(services: DagsterServices, instance: DagsterInstance
 
 
 def test_a_daemon_launched_run_whose_worker_is_killed_is_failed_within_a_minute_and_retried_once(
-    services, instance, standin
+    services, instance, standin, webhook
 ):
     """The worker alone dies (the out-of-memory killer): the code server that started it is
     alive and fails the run itself, naming the signal; the daemon retries it."""
@@ -228,6 +239,8 @@ def test_a_daemon_launched_run_whose_worker_is_killed_is_failed_within_a_minute_
     wait_until(lambda: instance.get_run_by_id(run_id).tags.get("mostovik/status") == "failed",
                limit_for(ALERT_INTERVAL_SECONDS), f"run {run_id} tagged failed",
                services.log_tails)
+    assert [alert for alert in webhook.alerts if alert["run_id"] == run_id] == [], (
+        "no alert for a run the daemon retries")
     _retried_once_and_exact(services, instance, run_id, KILLED_DATE)
 
 
@@ -262,11 +275,14 @@ def test_a_daemon_launched_run_whose_worker_and_daemon_die_is_marked_by_the_dead
 
 
 def test_a_dagster_job_execute_run_killed_mid_run_is_marked_failed_and_not_retried(
-    services, instance, standin
+    services, instance, standin, webhook
 ):
     standin.fault("hang", seconds=600, match=_query(EXECUTE_DATE))
-    process = start_job_execute(EXECUTE_DATE.isoformat(), services.environment,
-                                services.work_dir)
+    process = subprocess.Popen(
+        [DAGSTER, "job", "execute", "-m", "mostovik_pipelines", "-j", JOB, "--tags",
+         json.dumps({"dagster/partition": EXECUTE_DATE.isoformat(), **SIGNED})],
+        env=services.environment, cwd=services.work_dir, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
     try:
         run_id, pid = _held_run(services, instance, standin, EXECUTE_DATE)
         seconds = _kill_and_time_the_mark(services, instance, run_id, pid)
@@ -286,4 +302,11 @@ def test_a_dagster_job_execute_run_killed_mid_run_is_marked_failed_and_not_retri
     assert _retries_of(instance, run_id) == []
     assert instance.get_run_by_id(run_id).status is DagsterRunStatus.FAILURE
     assert _rows(services.environment["MOSTOVIK_DATABASE_URL"], EXECUTE_DATE) == 0
+    # Its alert, sent by the dead-run sensor (run_failure_alerts sees only runs launched
+    # through the code location), once, with who asked for it and why.
+    [alert] = [alert for alert in webhook.alerts if alert["run_id"] == run_id]
+    assert (alert["kind"], alert["source"], alert["period"]) == (
+        "run_failure", "cbr_daily_rates", EXECUTE_DATE.isoformat())
+    assert (alert["requested_by"], alert["reason"]) == (WHO, WHY)
+    assert "not retried" in alert["message"]
 
