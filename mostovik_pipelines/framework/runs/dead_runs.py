@@ -41,7 +41,6 @@ from dagster import (
 
 from mostovik_pipelines.framework.dagster_compat import run_failed_unexpectedly
 from mostovik_pipelines.framework.runs.alerts import run_failure_alert
-from mostovik_pipelines.framework.runs.claims import run_claim_held
 from mostovik_pipelines.framework.runs.tags import STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import JobStatus
 from mostovik_pipelines.framework.spec import SourceSpec
@@ -73,6 +72,9 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
     )
     def dead_runs(context: SensorEvaluationContext,
                   alert_notifier: AlertNotifierResource) -> SkipReason:
+        # Imported here: loading the code location imports no database driver.
+        from mostovik_pipelines.framework.runs.claims import run_claim_held
+
         instance = context.instance
         watched = {job.name for job in context.repository_def.get_all_jobs()
                    if _holds_run_claim(job.executor_def)}
