@@ -124,7 +124,8 @@ def mark_dead(instance: DagsterInstance, record: RunRecord, free_since: float) -
         f"{gone_for:.0f} s (killed, out of memory, or its machine lost), so run storage's "
         "'started' was not true any more. Marked failed by the dead_runs sensor; "
         + ("the daemon's run retries may run it again." if run.remote_job_origin else
-           "launched outside the daemon (dagster job execute), it is not retried: re-run it."))
+           "run by the process that launched it (dagster job execute or another in-process "
+           "run), it is not retried: re-run it."))
     run_failed_unexpectedly(instance, instance.get_run_by_id(run.run_id), message)
     return message
 
