@@ -1037,11 +1037,16 @@ class DagsterServices:
         self._wait_for_location(deadline)
         self._wait_for_daemons(deadline)
 
-    def kill_daemon(self) -> None:
+    def kill_daemon(self, with_its_group: bool = False) -> None:
         """SIGKILL to the daemon process alone, as a crash: the code servers it started and
-        the runs they launched go on until they notice."""
+        the runs they launched go on until they notice. ``with_its_group``: to the daemon, its
+        code servers and the run workers they started, as a lost host or systemd's stop of the
+        unit (its whole control group) ends them."""
         process = self._processes.pop("daemon")
-        process.kill()
+        if with_its_group:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
         process.wait(timeout=10)
         self._left_behind.append(process.pid)
 

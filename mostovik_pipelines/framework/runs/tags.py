@@ -42,6 +42,10 @@ FAILED_PERMANENTLY_KEY = f"{TAG_PREFIX}failed_permanently"
 # Written by `mostovik jobs rerun`:
 LAUNCHED_BY_TAG = f"{TAG_PREFIX}launched_by"
 RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"
+REQUESTED_BY_TAG = f"{TAG_PREFIX}requested_by"
+"""Who asked for the run (an operator's re-run): shown in the run list and in its alerts."""
+REASON_TAG = f"{TAG_PREFIX}reason"
+"""Why they asked for it, in their words: shown in the run list and in its alerts."""
 
 
 class TaggedSource(Protocol):
