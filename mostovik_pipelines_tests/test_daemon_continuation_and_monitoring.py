@@ -170,7 +170,7 @@ def test_a_daemon_killed_between_a_backfills_runs_launches_the_rest_each_partiti
             services.log_tails,
         )
 
-        killed = services.kill_daemon_tree()
+        killed = services.kill_daemon(with_its_group=True)
         restarted_at = time.time()
         services.start_daemon()
         blocker_standin.release_hangs()

@@ -1037,28 +1037,20 @@ class DagsterServices:
         self._wait_for_location(deadline)
         self._wait_for_daemons(deadline)
 
-    def kill_daemon(self, with_its_group: bool = False) -> None:
+    def kill_daemon(self, with_its_group: bool = False) -> list[int]:
         """SIGKILL to the daemon process alone, as a crash: the code servers it started and
         the runs they launched go on until they notice. ``with_its_group``: to the daemon, its
         code servers and the run workers they started, as a lost host or systemd's stop of the
-        unit (its whole control group) ends them."""
+        unit (its whole control group) ends them. Returns the ids of the processes killed."""
         process = self._processes.pop("daemon")
+        killed = processes_in_group(process.pid) if with_its_group else [process.pid]
         if with_its_group:
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         else:
             process.kill()
         process.wait(timeout=10)
         self._left_behind.append(process.pid)
-
-    def kill_daemon_tree(self) -> list[int]:
-        """SIGKILL to the daemon's whole process group, as systemd ends the unit's processes
-        when its main process died: the daemon, the code servers it started and the run
-        workers they launched. Returns the ids of the processes killed."""
-        process = self._processes.pop("daemon")
-        killed = processes_in_group(process.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
         return killed
 
     def start_daemon(self, timeout: float = 180) -> None:
