@@ -301,16 +301,16 @@ def _refusal_message(verdict: Verdict, settings: dict[str, str]) -> str:
         return " / ".join(names) if names else "the run storage settings in dagster.yaml"
 
     if verdict.reason.startswith("authentication failed"):
-        fix = f"check the user and password ({named('username', 'password', 'postgres_url')})"
+        fix = f"Check the user and password ({named('username', 'password', 'postgres_url')})"
     elif verdict.reason.startswith("no such database or role"):
-        fix = f"check the database and user ({named('db_name', 'username', 'postgres_url')})"
+        fix = f"Check the database and user ({named('db_name', 'username', 'postgres_url')})"
     elif verdict.reason.startswith("a bad setting"):
-        fix = f"check the connection options ({named('params', 'postgres_url')})"
+        fix = f"Check the connection options ({named('params', 'postgres_url')})"
     elif verdict.reason.startswith("too many connections"):
-        fix = ("the database serves no more clients: raise its max_connections or run fewer "
+        fix = ("The database serves no more clients: raise its max_connections or run fewer "
                f"processes ({named('hostname', 'port', 'postgres_url')})")
     else:
-        fix = f"check the run storage settings ({named(*sorted(settings))})"
+        fix = f"Check the run storage settings ({named(*sorted(settings))})"
     return (f"the run storage database refused the connection of the run's claim: "
             f"{verdict.reason}. {fix}; waiting would not help, so the step fails now")
 
