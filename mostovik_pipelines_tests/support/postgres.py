@@ -150,12 +150,12 @@ class PartitionableLink:
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._guard = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return  # cut
             server = socket.create_connection(("127.0.0.1", self.target))
@@ -171,6 +171,11 @@ class PartitionableLink:
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
+
+    def heal(self) -> None:
+        """Relay new connections again, on the same port (the route is back)."""
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
     def cut(self) -> None:
         """Drop every relayed connection at once and refuse new ones from now on."""

@@ -206,7 +206,7 @@ class _ClaimKeeper:
         if self._lost_since is not None and self._fenced is None and not self._gap_forgiven(
                 float(server_clock), float(started)) and now - self._lost_since >= (
                 FENCE_GRACE_SECONDS):
-            self._fenced = (f"run {self._run_id} was without its claim for "
+            self._fenced = (f"run {self._run_id} lost its claim for "
                             f"{now - self._lost_since:.0f} s, past the {FENCE_GRACE_SECONDS:.0f} s "
                             "it may be taken again in: another run may have taken over its "
                             "partitions")
