@@ -22,6 +22,18 @@ answers. Until then the claim looks free, so for
 :data:`RETAKE_GRACE_SECONDS` after the database (re)started a free claim taken before that start
 proves nothing and the check counts it as held: every live holder has taken it again by then.
 
+The fence: a holder whose claim connection dropped may have been counted dead meanwhile, and
+its partitions taken over. So before each of its writes (the load's transaction, the landing
+store, the op outputs) a run calls :func:`ensure_run_claim`: its claim's connection must answer;
+a dropped one is taken again within :data:`FENCE_GRACE_SECONDS` of when it last answered (or,
+after a database restart, within the restart grace), else the write fails with
+:class:`.errors.RunClaimLost` and the run writes nothing more. The other side of it: a check
+counts a run that held its claim dead only once the claim stays free for
+:data:`CLAIM_GONE_SECONDS` (:func:`run_claim_gone`), longer than that grace. A first take that
+the database refuses for a reason waiting cannot cure (authentication, a missing database, too
+many clients, a bad setting) fails at once (:class:`RunClaimRefused`); only the database being
+away (refused, reset, timed out) is left to the keeper. docs/notes/fence.md has the whole of it.
+
 Who holds it: the run's orchestrating process for the whole run (the executor of every job is
 wrapped by :func:`holding_run_claim`, so ``dagster job execute``, daemon-launched runs, re-runs
 and Celery runs are covered from their first step to their last, queue waits included), and
