@@ -26,8 +26,9 @@ The fence: a holder whose claim connection dropped may have been counted dead me
 its partitions taken over. So before each of its writes (the load's transaction, the landing
 store, the op outputs) a run calls :func:`ensure_run_claim`: its claim's connection must answer;
 a dropped one is taken again within :data:`FENCE_GRACE_SECONDS` of when it last answered (or,
-after a database restart, within the restart grace), else the write fails with
-:class:`.errors.RunClaimLost` and the run writes nothing more. The other side of it: a check
+after a database restart, within the restart grace; a database nobody reaches is waited for as
+long as a step rides out an outage), else the write fails with :class:`.errors.RunClaimLost`
+and the run writes nothing more. The other side of it: a check
 counts a run that held its claim dead only once the claim stays free for
 :data:`CLAIM_GONE_SECONDS` (:func:`run_claim_gone`), longer than that grace. A first take that
 the database refuses for a reason waiting cannot cure (authentication, a missing database, too
@@ -62,6 +63,7 @@ from mostovik_pipelines.framework.errors import (
     Verdict,
     classify,
 )
+from mostovik_pipelines.framework.retries import OUTAGE_SETTING, RetryPolicy
 
 KEEPALIVE_SETTINGS = ("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
                       "SET tcp_keepalives_count = 3")
@@ -111,10 +113,12 @@ def hold_run_claim(instance: DagsterInstance, run_id: str) -> Iterator[None]:
 
 def ensure_run_claim(run_id: str) -> None:
     """The fence, called before every write of a run (the load's transaction before it commits,
-    the landing store, the op outputs): return if this process holds the run's claim, taking it
-    again within :data:`FENCE_GRACE_SECONDS` if its connection dropped; else raise
-    :class:`RunClaimLost`. A process that holds no claim for the run (a direct call outside a
-    run) is not fenced; a claim file (SQLite) is never lost while its process lives."""
+    the landing store, the op outputs): return if this process holds the run's claim, or took it
+    again within :data:`FENCE_GRACE_SECONDS` of losing it (or within the restart grace of a
+    database that restarted; while it cannot be reached, waiting up to the step's outage
+    budget); else raise :class:`RunClaimLost`. A process that holds no claim for the run (a
+    direct call outside a run) is not fenced; a claim file (SQLite) is never lost while its
+    process lives."""
     with _held_guard:
         entry = _held.get(run_id)
     if entry is not None and isinstance(entry[1], _ClaimKeeper):
@@ -275,21 +279,28 @@ class _ClaimKeeper:
                 self._connection = None
 
     def ensure_held(self) -> None:
-        """Return if the claim is held (taken again within the grace if it was lost); else raise
-        :class:`RunClaimLost`: this process must not write for the run any more."""
+        """Return if the claim is held, or taken again in time; else raise
+        :class:`RunClaimLost`: this process must not write for the run any more.
+
+        A claim that cannot be taken again now is waited for as long as a step rides out the
+        database being away (``MOSTOVIK_STEP_OUTAGE_SECONDS``): nobody can count the run dead
+        while nobody reaches the database. Once taken again, :meth:`_take` decides: within the
+        grace of the loss, or of a restart of the database, the run goes on; else it is fenced
+        (others reached the database meanwhile)."""
         with self._guard:
             if self._fenced is None and not self._verify():
+                budget = max(FENCE_GRACE_SECONDS, RetryPolicy().outage_seconds)
                 while self._fenced is None and self._connection is None:
-                    left = FENCE_GRACE_SECONDS - (time.monotonic() - self._lost_since)
+                    left = budget - (time.monotonic() - self._lost_since)
                     if left <= 0:
                         self._fenced = (
                             f"run {self._run_id} lost its claim and could not take it again "
-                            f"within {FENCE_GRACE_SECONDS:.0f} s (the run storage database "
-                            "cannot be reached from here): another run may take over its "
-                            "partitions")
+                            f"within {budget:.0f} s ({OUTAGE_SETTING}): the run storage "
+                            "database cannot be reached from here, and another run may take "
+                            "over its partitions")
                         break
                     try:
-                        self._take(timeout=left)
+                        self._take(timeout=min(left, FENCE_GRACE_SECONDS / 2))
                     except psycopg.Error:
                         time.sleep(min(RECONNECT_SECONDS, max(left, 0)))
             if self._fenced is not None:

@@ -8,6 +8,7 @@ that lost its route to the run storage's server only would."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -19,6 +20,7 @@ from dagster import DagsterInstance, build_init_resource_context, build_output_c
 
 from mostovik_pipelines.framework.errors import RunClaimLost, classify
 from mostovik_pipelines.framework.load.partition import load_partition
+from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.runs.claims import (
     FENCE_GRACE_SECONDS,
     _postgres_dsn,
@@ -30,7 +32,12 @@ from mostovik_pipelines.resources.landing import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
-from mostovik_pipelines_tests.support.postgres import PartitionableLink, cut_claim_connections
+from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.postgres import (
+    PartitionableLink,
+    ThrowawayPostgres,
+    cut_claim_connections,
+)
 from mostovik_pipelines_tests.support.waiting import wait_until
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
@@ -76,9 +83,11 @@ def run_storage(production_home, monkeypatch):
 
 
 def test_a_run_cut_off_from_its_claim_writes_nothing_once_another_run_took_over(
-    run_storage, pg_warehouse_url, tmp_path
+    run_storage, pg_warehouse_url, tmp_path, monkeypatch
 ):
     cut_off, others, link = run_storage
+    # How long a write waits for a claim it cannot take again (the step's outage budget).
+    monkeypatch.setenv(OUTAGE_SETTING, "15")
     landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
     outputs = OpOutputStore(base_dir=str(tmp_path / "storage")).create_io_manager(
         build_init_resource_context())
@@ -138,3 +147,27 @@ def test_a_dropped_claim_connection_is_taken_again_and_no_other_run_acts_meanwhi
         writes("run-1", pg_warehouse_url, landing, outputs, "90.0000")
     assert {r["value"] for r in table_rows(pg_warehouse_url, "cbr_daily_rates")} == {
         Decimal("90.0000")}
+
+
+def test_a_run_storage_restart_longer_than_the_grace_is_ridden_out(tmp_path, monkeypatch):
+    """The database away for everyone (a restart, a failover) is no cut: nobody can count the
+    run dead meanwhile, so a write waits for the claim and goes on once it is taken again."""
+    server = ThrowawayPostgres().start()
+    try:
+        home, environment = production_instance(server, "dagster_fence", tmp_path)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
+        with DagsterInstance.from_config(str(home)) as instance, hold_run_claim(instance, "run-1"):
+            server.pause()
+            down_at = time.monotonic()
+            back = threading.Timer(FENCE_GRACE_SECONDS + 4, server.resume)
+            back.start()
+            landing.land("cbr_daily_rates", DAY.isoformat(), b"90", content_type="text/plain",
+                         origin="test", fetched_at=datetime.now(UTC), run_id="run-1")
+            assert time.monotonic() - down_at > FENCE_GRACE_SECONDS  # it waited, then wrote
+            back.join()
+            assert run_claim_held(instance, "run-1")
+        assert len(list((tmp_path / "landing").rglob("fetches/*.json"))) == 1
+    finally:
+        server.stop()
