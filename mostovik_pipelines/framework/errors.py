@@ -306,6 +306,12 @@ def _classify_driver_error(exc: psycopg.Error, reason: str) -> Verdict:
     return Verdict(False, "database_error", reason)
 
 
+def refused_by_the_server(message: str) -> bool:
+    """Whether libpq's ``message`` says the server answered and will not serve us (a setting of
+    ours, or too many clients) rather than that it is away: waiting does not cure it."""
+    return not _classify_connection_failure(message).outage
+
+
 def _classify_connection_failure(reason: str) -> Verdict:
     """A connection that broke or could not be opened, as libpq says it (no SQLSTATE). Only the
     database being away (refused, reset, timed out, shutting down or starting up) is an

@@ -5,6 +5,7 @@ test_claims.py::test_a_claim_taken_while_the_database_is_away_is_held_once_it_an
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -107,3 +108,24 @@ def test_the_one_classifier_says_the_same_through_the_warehouse_driver(server):
     assert verdicts == {"password": ("configuration_error", False),
                         "database": ("configuration_error", False),
                         "stopped": ("database_connection_lost", True)}
+
+
+def test_the_run_storage_itself_does_not_ride_out_a_wrong_password(instance, server,
+                                                                    monkeypatch):
+    """Dagster's storage rides out the database being away (instance_storage.py), by the same
+    classifier: a wrong password is not the database away, so a process fails to start at
+    once instead of after the outage budget."""
+    instance, role, _ = instance
+    with psycopg.connect(server.dsn(), autocommit=True) as connection:
+        connection.execute(f"ALTER ROLE {role} PASSWORD 'changed-by-the-operator'")
+    monkeypatch.setenv("MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS", "60")
+    started = time.monotonic()
+    with pytest.raises(Exception) as error:
+        DagsterInstance.from_config(os.environ["DAGSTER_HOME"]).dispose()
+    assert time.monotonic() - started < 30
+    causes = []
+    cause: BaseException | None = error.value
+    while cause is not None:
+        causes.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    assert any("password authentication failed" in text for text in causes), causes
