@@ -187,7 +187,7 @@ class PageCursorExpired(TransientError):
 class RunClaimLost(TransientError):
     """The run's claim (:mod:`.runs.claims`) was lost and not taken again within the grace:
     another run may already be working on its partitions, so this one stops before it writes.
-    Not retried by the step (its claim is gone); a retry of the whole run may take it up."""
+    Not retried by the step (its claim is gone); a new run of the partitions may take them up."""
 
     kind = "run_claim_lost"
 
