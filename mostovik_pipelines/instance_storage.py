@@ -47,6 +47,7 @@ from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
 from mostovik_pipelines.framework.dagster_compat import storage_engine
+from mostovik_pipelines.framework.errors import refused_by_the_server
 
 POOL_RECYCLE_SECONDS = 3600
 """A kept connection is replaced after an hour (as the webserver's default)."""
@@ -57,8 +58,9 @@ DEFAULT_OUTAGE_SECONDS = 90.0
 AWAY = ("connection refused", "could not connect", "starting up", "shutting down",
         "server closed the connection", "connection to server", "timeout expired",
         "terminating connection")
-"""What libpq says when the database is away rather than refusing us (bad password, no such
-database: those fail at once)."""
+"""What libpq says when the database is away; unless the one classifier finds the server
+refusing us in it (a bad password, no such database, a bad option, too many clients:
+:func:`.framework.errors.refused_by_the_server`), which fails at once."""
 
 RETRY_PAUSE_SECONDS = 0.2
 """Before a call cut off in flight is made again (its new connection waits out the outage)."""
@@ -242,4 +244,5 @@ class _Outage:
 
 
 def _database_away(error: Exception) -> bool:
-    return any(sign in str(error).lower() for sign in AWAY)
+    message = str(error).lower()
+    return any(sign in message for sign in AWAY) and not refused_by_the_server(message)

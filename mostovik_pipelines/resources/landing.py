@@ -32,6 +32,7 @@ from urllib.parse import quote
 from dagster import ConfigurableResource
 
 from mostovik_pipelines.framework.errors import PermanentError
+from mostovik_pipelines.framework.runs.claims import ensure_run_claim
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ class LandingStoreResource(ConfigurableResource):
         cursor: dict | None = None, next_cursor: dict | None = None, durable: bool = True,
     ) -> LandedPayload:
         """Keep ``content`` and record the fetch; identical content is stored once.
-        ``durable=False`` skips flushing it to disk (a sync's page)."""
+        ``durable=False`` skips flushing it to disk (a sync's page). A run that lost its claim
+        lands nothing (:func:`.runs.claims.ensure_run_claim`)."""
+        ensure_run_claim(run_id)
         content_hash = hashlib.sha256(content).hexdigest()
         folder = self._partition_dir(source, partition_key)
         blob = folder / "blobs" / f"{content_hash}.bin"
@@ -127,6 +130,7 @@ class LandingStoreResource(ConfigurableResource):
         """Keep the validated rows of a group of pages ending with ``page`` (a pandas frame)
         beside them until the load step is done, so that a paged partition is never held in
         memory whole. Scratch, not history: not flushed to disk."""
+        ensure_run_claim(page.run_id)
         path = (Path(page.blob_path).parent.parent / "frames"
                 / f"{page.run_id}-p{page.page or 0:07d}.pickle")
         _write_atomically(path, pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL),

@@ -26,6 +26,7 @@ from dagster import (
 from mostovik_pipelines.framework.dagster_compat import PickledObjectFilesystemIOManager
 from mostovik_pipelines.framework.errors import PermanentError, classify
 from mostovik_pipelines.framework.retries import RetryPolicy, StepContext, failure_for
+from mostovik_pipelines.framework.runs.claims import ensure_run_claim
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV
 
@@ -69,6 +70,8 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
                 "--source S --period P, or the UI's re-execute all steps)") from missing
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
+        # The fence: a run that lost its claim hands nothing on (RunClaimLost fails the step).
+        ensure_run_claim(context.run_id)
         try:
             super().handle_output(context, obj)
         except OSError as error:

@@ -20,15 +20,16 @@ RUN_ONLY = ("mostovik_pipelines.framework.load", "mostovik_pipelines.framework.s
 LAYERS = (
     ("vocabulary", ("settings", "warehouse", "framework.errors", "framework.retries",
                     "framework.dagster_compat", "framework.runs.tags", "framework.load_target")),
-    ("resources", ("resources", "instance_storage")),
+    ("resources", ("resources", "instance_storage", "framework.runs.claims")),
     ("framework", ("framework", "execution")),
     ("sources and services", ("sources", "maintenance", "standin", "scaffold", "metrics")),
     ("entry points", ("definitions", "cli", "demo", "local_runs", "")),
 )
 """The layers, lowest first, by module prefix under ``mostovik_pipelines`` (the longest prefix
 decides): the names every layer uses (settings, errors, retries, tags, the warehouse's tables);
-every piece of I/O; the machinery every source shares (and the executor that runs its steps);
-the sources and the services beside them; what assembles and starts it all."""
+every piece of I/O (the run's claim among them: a session of its own on run storage, which the
+stores check before they write); the machinery every source shares (and the executor that runs
+its steps); the sources and the services beside them; what assembles and starts it all."""
 
 
 def imports(path: Path, *, module_level_only: bool = False) -> set[str]:
