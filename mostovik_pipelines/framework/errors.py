@@ -37,9 +37,10 @@ UNAVAILABLE_SQLSTATES = {
 }
 """The server is going away or not back yet (a restart, a failover): an outage, not a glitch."""
 TRANSIENT_SQLSTATE_CLASSES = {"08": "connection exception"}
-OUTAGE_KINDS = frozenset({"database_connection_lost", "broker"})
-"""Kinds of failure that mean a part we stand on is away (the warehouse or the broker restarting
-or failing over): retried for as long as the step's outage budget lasts, not a count of tries."""
+OUTAGE_KINDS = frozenset({"database_connection_lost", "broker", "object_store_unreachable"})
+"""Kinds of failure that mean a part we stand on is away (the warehouse, the broker or the object
+store restarting or failing over): retried for as long as the step's outage budget lasts, not a
+count of tries."""
 
 TRANSIENT_ERRNOS = {
     errno.EAGAIN: "resource temporarily unavailable",
@@ -68,6 +69,28 @@ TRANSIENT_BROKER_ERRORS = {
     ("redis.exceptions", "TimeoutError"),
     ("amqp.exceptions", "ConnectionForced"),
 }
+
+# The S3 client's errors of a store that does not answer, matched by name as the broker's are.
+UNREACHABLE_OBJECT_STORE_ERRORS = {
+    ("botocore.exceptions", "ConnectionError"),  # refused, DNS, connect timeout
+    ("botocore.exceptions", "HTTPClientError"),  # connection closed, read timeout
+}
+OBJECT_STORE_BUSY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"}
+"""S3 error codes of a store that answers but cannot serve now (s3fs raises them as ``OSError``
+with the service's error as the cause)."""
+
+
+def object_store_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the object store cannot be reached or cannot serve now."""
+    if any((cls.__module__, cls.__name__) in UNREACHABLE_OBJECT_STORE_ERRORS
+           for cls in type(exc).__mro__):
+        return True
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if isinstance(exc, OSError) and isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or response.get("Error", {}).get("Code") in OBJECT_STORE_BUSY_CODES
+    return False
 
 
 def broker_unreachable(exc: BaseException) -> bool:
@@ -222,6 +245,8 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(True, "database_busy", reason)
     if (type(exc).__module__, type(exc).__name__) in TRANSIENT_BROKER_ERRORS:
         return Verdict(True, "broker", reason)
+    if object_store_unreachable(exc):
+        return Verdict(True, "object_store_unreachable", reason)
     if isinstance(exc, TimeoutError):
         return Verdict(True, "timeout", reason)
     if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
