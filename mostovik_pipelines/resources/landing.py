@@ -15,7 +15,9 @@ then a rename; on object storage one upload), so a process killed mid-write leav
 behind. On a disk a whole payload is also flushed (``fsync``) before it counts as landed; a page
 of a sync is not (``durable=False``): a page is cheap to fetch again, the sync's progress lives in
 the warehouse, and a thousand pages would otherwise spend more time in ``fsync`` than in HTTP. In
-a distributed deployment ``base_dir`` is a bucket, or a path every worker can reach.
+a distributed deployment ``base_dir`` is a bucket, or a path every worker can reach. Every path
+here is made by :func:`.stores.store_path` (a ``blob_path`` is a path or an ``s3://`` URL), never
+by ``Path()``, and written by :func:`.stores.write_whole`: one class serves both kinds of store.
 """
 
 from __future__ import annotations
