@@ -121,37 +121,22 @@ def mounted_buckets(work_dir: Path, names: tuple[str, ...]) -> Iterator[Buckets]
     """A bucket per name, mounted at ``work_dir / name``; unmounted and the server stopped on
     the way out. A name may be a relative path (``killed/landing``): its bucket is
     :func:`bucket_for` it."""
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    # Credentials of the throw-away server, handed to s3fs through its environment only.
-    key, secret = secrets.token_hex(8), secrets.token_urlsafe(24)
-    environment = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
-                   "AWSACCESSKEYID": key, "AWSSECRETACCESSKEY": secret}
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                                   str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        with _stopped_after(server):
-            buckets = _when_serving(server, log, lambda: Buckets(endpoint, environment))
-            with _mounted(buckets, names, work_dir, endpoint, environment):
-                yield buckets
+    server = S3ApiServer().start()
+    credentials = server.environment
+    # Handed to s3fs-fuse through its environment only, under the names it reads.
+    environment = {**os.environ, **credentials,
+                   "AWSACCESSKEYID": credentials["AWS_ACCESS_KEY_ID"],
+                   "AWSSECRETACCESSKEY": credentials["AWS_SECRET_ACCESS_KEY"]}
+    try:
+        with _mounted(server.buckets, names, work_dir, server.endpoint, environment):
+            yield server.buckets
+    finally:
+        server.close()
 
 
 def bucket_for(name: str) -> str:
     """The bucket mounted at ``name`` (a bucket's name holds no ``/``)."""
     return name.replace("/", "-")
-
-
-@contextlib.contextmanager
-def _stopped_after(server: subprocess.Popen) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 @contextlib.contextmanager
