@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 from s3fs.utils import FileExpired
 
@@ -19,6 +20,7 @@ from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.resources.stores import store_path, write_whole
 from mostovik_pipelines_tests.support.locations import code_location_for
+from mostovik_pipelines_tests.support.object_store import S3ApiServer
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
@@ -101,19 +103,36 @@ def test_a_reader_sees_an_object_whole_or_not_at_all(s3):
     print(f"{len(seen)} reads whole or absent, {len(refused)} refused as replaced meanwhile")
 
 
+@pytest.fixture
+def restartable_s3(monkeypatch):
+    """An S3 API server whose buckets outlive a stop and start, as a real store's do."""
+    from s3fs import S3FileSystem
+
+    server = S3ApiServer(keeps_buckets_across_restarts=True).start()
+    for name, value in server.environment.items():
+        monkeypatch.setenv(name, value)
+    S3FileSystem.clear_instance_cache()
+    try:
+        yield server
+    finally:
+        server.close()
+        S3FileSystem.clear_instance_cache()
+
+
 def test_a_landing_store_outage_at_the_start_of_a_run_is_ridden_out(
-    s3, sqlite_warehouse_url, standin_server, standin, tmp_path, cbr_source
+    restartable_s3, sqlite_warehouse_url, standin_server, standin, tmp_path, cbr_source
 ):
-    """The object store is away when a partition's run starts, and comes back (empty, as a
-    restarted moto is; the bucket created again) once the run has waited on it: the fetch is
-    retried as an outage, the run succeeds, the payload is in the bucket."""
+    """The object store is away when a partition's run starts, and comes back once the run has
+    waited on it: the fetch is retried as an outage, the run succeeds, the payload is in the
+    bucket."""
+    s3 = restartable_s3
     url = s3.bucket("landing")
     job = code_location_for(sqlite_warehouse_url, standin_server, tmp_path, [cbr_source],
                             landing=LandingStoreResource(base_dir=url)
                             ).resolve_job_def("cbr_daily_rates_job")
     s3.stop()
     with DagsterInstance.from_config(str(local_dagster_home(tmp_path))) as instance:
-        back = _start_again_once(s3, lambda: _outage_retries(instance), "landing")
+        back = _start_again_once(s3, lambda: _outage_retries(instance))
         result = run_partition(job, PARTITION, instance)
         back.join(PROCESS_START_MARGIN_SECONDS)
         assert result.success, step_failure_message(instance, result.run_id)
@@ -124,18 +143,19 @@ def test_a_landing_store_outage_at_the_start_of_a_run_is_ridden_out(
 
 
 def test_an_op_output_store_outage_is_ridden_out_in_the_step(
-    s3, sqlite_warehouse_url, standin_server, standin, tmp_path, cbr_source
+    restartable_s3, sqlite_warehouse_url, standin_server, standin, tmp_path, cbr_source
 ):
     """The op outputs' bucket is away when the first step hands its output on, and back once
     the step has logged its wait: the step writes it then, and the run succeeds with every
     output in the bucket."""
+    s3 = restartable_s3
     url = s3.bucket("outputs")
     job = code_location_for(sqlite_warehouse_url, standin_server, tmp_path, [cbr_source],
                             io_manager=OpOutputStore(base_dir=url + "/runs")
                             ).resolve_job_def("cbr_daily_rates_job")
     s3.stop()
     with DagsterInstance.from_config(str(local_dagster_home(tmp_path))) as instance:
-        back = _start_again_once(s3, lambda: _ridden_out_warnings(instance), "outputs")
+        back = _start_again_once(s3, lambda: _ridden_out_warnings(instance))
         result = run_partition(job, PARTITION, instance)
         back.join(PROCESS_START_MARGIN_SECONDS)
         assert result.success, step_failure_message(instance, result.run_id)
@@ -146,13 +166,12 @@ def test_an_op_output_store_outage_is_ridden_out_in_the_step(
     assert len(table_rows(sqlite_warehouse_url, "cbr_daily_rates")) == 12
 
 
-def _start_again_once(s3, waited_on, bucket: str) -> threading.Thread:
-    """A thread that starts the server again, with ``bucket``, once ``waited_on()`` shows the
-    run waiting on it."""
+def _start_again_once(s3, waited_on) -> threading.Thread:
+    """A thread that starts the server again once ``waited_on()`` shows the run waiting on
+    it."""
     def start_again() -> None:
         wait_until(waited_on, PROCESS_START_MARGIN_SECONDS, "the run waiting on the store")
         s3.start()
-        s3.bucket(bucket)
 
     thread = threading.Thread(target=start_again, daemon=True)
     thread.start()

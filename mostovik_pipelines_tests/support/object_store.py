@@ -3,8 +3,10 @@
 Two ways of using it. :class:`S3ApiServer` is the server the stores reach natively, over the S3
 API (``s3://bucket/prefix``), with the throw-away credentials and endpoint handed to the code
 through the ``AWS_*`` environment only, as a deployment does; it can be stopped and started
-again on the same port, for an outage (moto keeps its buckets in memory: a restarted server has
-none until they are created again). :func:`mounted_buckets` mounts a bucket per store with
+again on the same port, for an outage. moto keeps its buckets in the memory of the process that
+serves them: a server of its own process comes back empty, so an outage test serves from a
+thread of the test's process (``keeps_buckets_across_restarts``), whose buckets come back
+with it, as a real store's do. :func:`mounted_buckets` mounts a bucket per store with
 s3fs-fuse where the store's directory would be, deploy/README's other option; what a prune did
 is then read twice: through the mount, as the code sees it, and as the bucket's objects, as the
 operator's S3 console shows them. Mounting needs root (FUSE); :func:`why_no_object_store` says
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,7 +58,9 @@ class S3ApiServer:
     """moto's S3 API server on 127.0.0.1, with credentials of its own: :attr:`environment` is
     what a process of the deployment needs to reach it (``AWS_*`` variables only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keeps_buckets_across_restarts: bool = False) -> None:
+        self.in_process = keeps_buckets_across_restarts
+        self._threaded = None
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         key, secret = secrets.token_hex(8), secrets.token_urlsafe(24)
@@ -67,6 +72,17 @@ class S3ApiServer:
         self.buckets: Buckets | None = None
 
     def start(self) -> S3ApiServer:
+        if self.in_process:
+            from moto.server import ThreadedMotoServer
+
+            first = self._threaded is None
+            self._threaded = ThreadedMotoServer("127.0.0.1", self.port, verbose=False)
+            self._threaded.start()
+            self.buckets = Buckets(self.endpoint, self.environment)
+            if first:  # the process's buckets of an earlier test are not this server's
+                urllib.request.urlopen(urllib.request.Request(
+                    f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30).close()
+            return self
         self._server = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -75,7 +91,12 @@ class S3ApiServer:
         return self
 
     def stop(self) -> None:
-        """Stop the server (an outage of the store); :meth:`start` brings it back, empty."""
+        """Stop the server (an outage of the store): it refuses connections until
+        :meth:`start` brings it back."""
+        if self._threaded is not None:
+            self._threaded.stop()
+            self._threaded._server.server_close()  # stop() leaves the port listening
+            return
         if self._server is not None and self._server.poll() is None:
             self._server.terminate()
             try:
