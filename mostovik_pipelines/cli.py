@@ -180,16 +180,16 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
 def prune(dry_run: bool) -> None:
     """Apply the retention policy now, as the daily prune_storage_job does: old op outputs,
     landed payloads and runs (README, "Retention"); prints what it removes per store."""
-    from pathlib import Path
-
     from mostovik_pipelines.definitions import defs
     from mostovik_pipelines.framework.errors import ConfigurationError
     from mostovik_pipelines.maintenance.prune import prune as prune_stores
+    from mostovik_pipelines.resources.stores import store_path
     from mostovik_pipelines.settings import landing_dir, storage_dir
 
     try:
         report = prune_stores(
-            _instance(), landing_dir=Path(landing_dir()), op_output_dir=Path(storage_dir()),
+            _instance(), landing_dir=store_path(landing_dir()),
+            op_output_dir=store_path(storage_dir()),
             check_keys=list(defs.resolve_asset_graph().asset_check_keys), dry_run=dry_run)
     except ConfigurationError as refused:
         _fail(EXIT_USAGE, str(refused))

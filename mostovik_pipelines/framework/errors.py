@@ -49,11 +49,12 @@ REFUSED_BY_THE_SERVER = {
 setting of ours is wrong, and it stays wrong however long we wait."""
 TOO_MANY_CLIENTS = ("too many clients", "too many connections",
                     "remaining connection slots are reserved")
-OUTAGE_KINDS = frozenset({"database_connection_lost", "broker"})
+OUTAGE_KINDS = frozenset({"database_connection_lost", "broker", "object_store_unreachable"})
+"""Kinds of failure that mean a part we stand on is away (the warehouse, the broker or the object
+store restarting or failing over): retried for as long as the step's outage budget lasts, not a
+count of tries."""
 RUN_RETRY_ONLY_KINDS = frozenset({"run_claim_lost"})
 """Transient kinds a step does not retry: the run cannot go on, a new run may."""
-"""Kinds of failure that mean a part we stand on is away (the warehouse or the broker restarting
-or failing over): retried for as long as the step's outage budget lasts, not a count of tries."""
 
 TRANSIENT_ERRNOS = {
     errno.EAGAIN: "resource temporarily unavailable",
@@ -82,6 +83,28 @@ TRANSIENT_BROKER_ERRORS = {
     ("redis.exceptions", "TimeoutError"),
     ("amqp.exceptions", "ConnectionForced"),
 }
+
+# The S3 client's errors of a store that does not answer, matched by name as the broker's are.
+UNREACHABLE_OBJECT_STORE_ERRORS = {
+    ("botocore.exceptions", "ConnectionError"),  # refused, DNS, connect timeout
+    ("botocore.exceptions", "HTTPClientError"),  # connection closed, read timeout
+}
+OBJECT_STORE_BUSY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"}
+"""S3 error codes of a store that answers but cannot serve now (s3fs raises them as ``OSError``
+with the service's error as the cause)."""
+
+
+def object_store_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the object store cannot be reached or cannot serve now."""
+    if any((cls.__module__, cls.__name__) in UNREACHABLE_OBJECT_STORE_ERRORS
+           for cls in type(exc).__mro__):
+        return True
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if isinstance(exc, OSError) and isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or response.get("Error", {}).get("Code") in OBJECT_STORE_BUSY_CODES
+    return False
 
 
 def broker_unreachable(exc: BaseException) -> bool:
@@ -250,6 +273,8 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(True, "database_busy", reason)
     if (type(exc).__module__, type(exc).__name__) in TRANSIENT_BROKER_ERRORS:
         return Verdict(True, "broker", reason)
+    if object_store_unreachable(exc):
+        return Verdict(True, "object_store_unreachable", reason)
     if isinstance(exc, TimeoutError):
         return Verdict(True, "timeout", reason)
     if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:

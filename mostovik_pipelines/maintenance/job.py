@@ -32,18 +32,17 @@ def maintenance_definitions(check_keys: Sequence[AssetCheckKey]) -> Definitions:
         description="Remove what the retention policy no longer keeps: op outputs, landed "
                     "payloads, old runs (README, 'Retention').")
     def prune_storage(context: OpExecutionContext) -> None:
-        from pathlib import Path
-
         from dagster import MetadataValue
 
         from mostovik_pipelines.framework.dagster_compat import EngineEventData
         from mostovik_pipelines.maintenance.policy import RUNS
         from mostovik_pipelines.maintenance.prune import prune
+        from mostovik_pipelines.resources.stores import store_path
 
         report = prune(
             context.instance,
-            landing_dir=Path(getattr(context.resources, LANDING_KEY).base_dir),
-            op_output_dir=Path(context.resources.io_manager.base_dir),
+            landing_dir=store_path(getattr(context.resources, LANDING_KEY).base_dir),
+            op_output_dir=store_path(context.resources.io_manager.base_dir),
             check_keys=check_keys,
         )
         for line in report.lines():
