@@ -44,6 +44,13 @@ FAILED_PERMANENTLY_KEY = f"{TAG_PREFIX}failed_permanently"
 LAUNCHED_BY_TAG = f"{TAG_PREFIX}launched_by"
 RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"
 
+# Every run an operator asks for is signed (shown by `mostovik jobs list/show`, the UI's run
+# list and the alerts about the run):
+REQUESTED_BY_TAG = f"{TAG_PREFIX}requested_by"
+"""Who asked for the run: the operator's OS user, or the name given with ``--as``."""
+REASON_TAG = f"{TAG_PREFIX}reason"
+"""Why the operator asked for it, in their words (``--reason``)."""
+
 
 def business_tags(spec: SourceSpec) -> dict[str, str]:
     """Tags every run of the source's job carries: its job type and its source."""
