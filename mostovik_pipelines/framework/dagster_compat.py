@@ -21,6 +21,7 @@ from dagster._core.definitions.freshness import (
 )
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.events import EngineEventData
+from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 from dagster._core.execution.retries import RetryMode
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 from dagster._core.storage.tags import RUN_KEY_TAG
@@ -28,8 +29,11 @@ from dagster._core.storage.tags import RUN_KEY_TAG
 __all__ = [
     "RUN_KEY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
+    "BulkActionStatus",
+    "BulkActionsFilter",
     "CronFreshnessPolicy",
     "EngineEventData",
+    "PartitionBackfill",
     "PickledObjectFilesystemIOManager",
     "ReconstructableRepository",
     "RetryMode",

@@ -7,12 +7,16 @@ are idempotent upserts and the run-status check makes a re-run wait for a run st
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dagster import DagsterInstance, DagsterRunStatus, ReexecutionOptions, execute_job
 
 from mostovik_pipelines.framework.dagster_compat import ReconstructableRepository
 from mostovik_pipelines.framework.runs.tags import (
     LAUNCHED_BY_TAG,
     PARTITION_TAG,
+    REASON_TAG,
+    REQUESTED_BY_TAG,
     RERUN_OF_TAG,
     STATUS_TAG,
 )
@@ -36,11 +40,13 @@ def _reconstructable(job_name: str):
     return repository.get_reconstructable_job(job_name)
 
 
-def rerun_from_failure(instance: DagsterInstance, run_id: str) -> str:
+def rerun_from_failure(instance: DagsterInstance, run_id: str,
+                       tags: Mapping[str, str] | None = None) -> str:
     """Re-execute a run, keeping its partition and tags: a failed one from its failed steps, a
     successful one whole (re-processing on purpose). Either way its partitions are fetched
-    again, never replayed from the stored outputs (see the factory). Returns the new run's id;
-    its ``dagster/parent_run_id`` is ``run_id``."""
+    again, never replayed from the stored outputs (see the factory). ``tags`` (who asked and
+    why) replace the repeated run's. Returns the new run's id; its ``dagster/parent_run_id`` is
+    ``run_id``."""
     run = instance.get_run_by_id(run_id)
     if run is None:
         raise JobNotFound(f"no run {run_id} in run storage")
@@ -51,20 +57,23 @@ def rerun_from_failure(instance: DagsterInstance, run_id: str) -> str:
     else:
         raise ValueError(f"run {run_id} is {run.status.value}: only a finished run is re-run")
     kept = {k: v for k, v in run.tags.items()
-            if not k.startswith(PROCESS_TAG_PREFIXES) and k != STATUS_TAG}
+            if not k.startswith(PROCESS_TAG_PREFIXES)
+            and k not in (STATUS_TAG, REQUESTED_BY_TAG, REASON_TAG)}
     result = execute_job(
         _reconstructable(run.job_name), instance, reexecution_options=options,
-        tags={**kept, LAUNCHED_BY_TAG: "mostovik jobs rerun", RERUN_OF_TAG: run_id},
+        tags={**kept, LAUNCHED_BY_TAG: "mostovik jobs rerun", **(tags or {}),
+              RERUN_OF_TAG: run_id},
     )
     return result.run_id
 
 
 def rerun_partition(instance: DagsterInstance, source: str, partition: str,
-                    full_resync: bool = False) -> str:
-    """A fresh run of ``source`` for ``partition``, linked to the latest run it repeats;
-    ``full_resync`` makes a paged source ignore the progress of an interrupted sync."""
+                    full_resync: bool = False, tags: Mapping[str, str] | None = None) -> str:
+    """A fresh run of ``source`` for ``partition``, linked to the latest run it repeats and
+    carrying ``tags`` (who asked and why); ``full_resync`` makes a paged source ignore the
+    progress of an interrupted sync."""
     previous = latest_job_for(instance, source, partition)
-    tags = {PARTITION_TAG: partition, LAUNCHED_BY_TAG: "mostovik jobs rerun"}
+    tags = {LAUNCHED_BY_TAG: "mostovik jobs rerun", **(tags or {}), PARTITION_TAG: partition}
     if previous is not None:
         tags[RERUN_OF_TAG] = previous.run_id
     run_config = {"ops": {source: {"ops": {f"extract_{source}": {
