@@ -1,7 +1,7 @@
 """Every private Dagster and dagster-celery name the project uses, in one place.
 
 Dagster 1.13 has no public API for these; each is pinned by
-``framework/test_dagster_compat.py`` (its existence and the behaviour we rely on), so an upgrade
+``framework/test_dagster_compat*.py`` (its existence and the behaviour we rely on), so an upgrade
 that moves or changes one fails there, named, not somewhere in a run. The tests' own daemon
 wrapper is the one other private use (``mostovik_pipelines_tests/support/dagster_daemon.py``,
 pinned by ``test_dagster_daemon.py``).
