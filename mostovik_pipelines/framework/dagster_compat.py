@@ -21,10 +21,18 @@ from dagster._core.definitions.freshness import (
 )
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.events import EngineEventData
+from dagster._core.execution.api import create_execution_plan
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+from dagster._core.execution.plan.state import KnownExecutionState
 from dagster._core.execution.retries import RetryMode
+from dagster._core.remote_origin import (
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 from dagster._core.storage.tags import RUN_KEY_TAG
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 __all__ = [
     "RUN_KEY_TAG",
@@ -33,12 +41,18 @@ __all__ = [
     "BulkActionsFilter",
     "CronFreshnessPolicy",
     "EngineEventData",
+    "KnownExecutionState",
+    "LoadableTargetOrigin",
+    "ManagedGrpcPythonEnvCodeLocationOrigin",
     "PartitionBackfill",
     "PickledObjectFilesystemIOManager",
     "ReconstructableRepository",
+    "RemoteJobOrigin",
+    "RemoteRepositoryOrigin",
     "RetryMode",
     "TimeWindowFreshnessPolicy",
     "celery_executor_internals",
+    "create_execution_plan",
     "run_event_log_dir",
 ]
 

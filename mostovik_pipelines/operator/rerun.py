@@ -1,4 +1,5 @@
-"""``mostovik jobs rerun``: a range of partitions picked by state, one period, or one run.
+"""``mostovik jobs rerun``: a range of partitions picked by state, one period, or one run,
+each submitted to the run queue.
 
 A range (``--source S --from A --to B --only missing|failed|all --reason WHY``) is planned by
 :mod:`.selection`, printed with ``--dry-run``, else submitted to the run queue as one backfill
@@ -40,7 +41,7 @@ from mostovik_pipelines.operator.signature import operator_name, signed_tags
               help="Print the partitions and runs the re-run would submit, and why; submit "
                    "nothing.")
 @click.option("--wait", is_flag=True,
-              help="Follow the submitted backfills to the end; exit 1 if a run failed.")
+              help="Follow the submitted run or backfills to the end; exit 1 if a run failed.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--as", "requested_by", help="Who asks for the re-run (default: the OS user).")
 @click.option("--reason", help="Why: required for a range, optional for one period or run.")
@@ -50,7 +51,8 @@ def rerun(run_id: str | None, sources: Sequence[str], period: str | None, first:
           last: str | None, only: str | None, dry_run: bool, wait: bool, as_json: bool,
           requested_by: str | None, reason: str | None, full_resync: bool) -> None:
     """Re-run RUN_ID from its failure, a fresh run for --source and --period, or the
-    partitions of --source from --from to --to that --only selects, through the run queue."""
+    partitions of --source from --from to --to that --only selects: each submitted to the run
+    queue (the daemon launches it), printing the run or backfill id."""
     ranged = bool(first or last or only)
     if ranged:
         _rerun_range(sources, first, last, only, dry_run, wait, as_json,
@@ -59,10 +61,10 @@ def rerun(run_id: str | None, sources: Sequence[str], period: str | None, first:
     if bool(run_id) == bool(sources or period) or (sources and (len(sources) != 1 or not period)):
         fail(EXIT_USAGE, "give a RUN_ID, or --source and --period, or --source with --from, "
                          "--to and --only")
-    if dry_run or wait:
-        fail(EXIT_USAGE, "--dry-run and --wait are for a range (--from, --to, --only)")
+    if dry_run:
+        fail(EXIT_USAGE, "--dry-run is for a range (--from, --to, --only)")
     _rerun_one(run_id, sources[0] if sources else None, period, full_resync,
-               signed_tags(operator_name(requested_by), reason))
+               signed_tags(operator_name(requested_by), reason), wait)
 
 
 def _rerun_range(sources: Sequence[str], first: str | None, last: str | None, only: str | None,
@@ -111,27 +113,35 @@ def _rerun_range(sources: Sequence[str], first: str | None, last: str | None, on
 
 
 def _rerun_one(run_id: str | None, source: str | None, period: str | None, full_resync: bool,
-               tags: dict[str, str]) -> None:
-    from mostovik_pipelines.framework.runs.recovery import rerun_from_failure, rerun_partition
+               tags: dict[str, str], wait: bool) -> None:
+    from mostovik_pipelines.framework.runs.recovery import (
+        queue_rerun_from_failure,
+        queue_rerun_partition,
+    )
     from mostovik_pipelines.framework.runs.tracking import JobNotFound, JobStatus, load_job
+    from mostovik_pipelines.operator.submission import follow_run
     from mostovik_pipelines.sources import ALL_SOURCES
 
     instance = instance_of_home()
-    if run_id:
-        try:
-            new_run_id = rerun_from_failure(instance, run_id, tags)
-        except JobNotFound as missing:
-            fail(EXIT_NOT_FOUND, str(missing))
-        except ValueError as refused:
-            fail(EXIT_USAGE, str(refused))
-    else:
-        known_source(source)
-        spec = next(s for s in ALL_SOURCES if s.name == source)
-        if period not in spec.partitions_def.get_partition_keys(
-                dynamic_partitions_store=instance):
-            fail(EXIT_USAGE, f"{source} has no period {period!r}")
-        new_run_id = rerun_partition(instance, source, period, full_resync=full_resync,
-                                     tags=tags)
+    try:
+        if run_id:
+            new_run_id = queue_rerun_from_failure(instance, run_id, tags)
+        else:
+            known_source(source)
+            spec = next(s for s in ALL_SOURCES if s.name == source)
+            if period not in spec.partitions_def.get_partition_keys(
+                    dynamic_partitions_store=instance):
+                fail(EXIT_USAGE, f"{source} has no period {period!r}")
+            new_run_id = queue_rerun_partition(instance, source, period,
+                                               full_resync=full_resync, tags=tags)
+    except JobNotFound as missing:
+        fail(EXIT_NOT_FOUND, str(missing))
+    except ValueError as refused:
+        fail(EXIT_USAGE, str(refused))
+    if not wait:
+        click.echo(f"{new_run_id} queued")
+        return
+    follow_run(instance, new_run_id, report=lambda line: click.echo(line, err=True))
     job = load_job(instance, new_run_id, ALL_SOURCES)
     click.echo(f"{new_run_id} {job.status.value}")
     if job.status is JobStatus.FAILED:

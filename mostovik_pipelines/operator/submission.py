@@ -102,3 +102,19 @@ def follow(instance: DagsterInstance, backfill_ids: list[str], report: Callable[
         if all(item.finished for item in progress):
             return progress
         time.sleep(poll_seconds)
+
+
+def follow_run(instance: DagsterInstance, run_id: str, report: Callable[[str], None],
+               poll_seconds: float = 1.0) -> str:
+    """Follow a queued run until it finishes, reporting each change of its status; its last
+    status."""
+    last = None
+    while True:
+        run = instance.get_run_by_id(run_id)
+        status = run.status if run is not None else None
+        if status is not last:
+            report(f"run {run_id}: {status.value.lower() if status else 'unknown'}")
+            last = status
+        if status is None or status in (DagsterRunStatus.SUCCESS, *FAILED_RUNS):
+            return status.value if status else "UNKNOWN"
+        time.sleep(poll_seconds)

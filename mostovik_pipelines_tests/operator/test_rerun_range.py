@@ -11,6 +11,7 @@ ends exact.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -234,3 +235,50 @@ def test_a_range_needs_a_reason_and_partitions_the_source_has(services):
     bad_range = _mostovik(services, "jobs", "rerun", "--source", SOURCE, "--from", "1999-01-01",
                           "--to", WEEK[-1], "--only", "failed", "--reason", REASON)
     assert bad_range.returncode == 2 and "has no partition '1999-01-01'" in bad_range.stderr
+
+
+def test_one_run_and_one_period_are_queued_for_the_daemon_and_signed(services, standin):
+    day = (_MONDAY - timedelta(days=6)).isoformat()  # the Tuesday of the week before
+    standin.fault("status", status=404, match=_date_query(day))
+    failed = _mostovik(services, "materialize", "--source", SOURCE, "--partition", day)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    listed = json.loads(_mostovik(services, "jobs", "list", "--source", SOURCE, "--status",
+                                  "failed", "--from", day, "--to", day, "--json").stdout)
+    [failed_run] = [job["run_id"] for job in listed if job["period"] == day]
+
+    # From its failure: queued, and launched by the daemon, not by the command.
+    rerun = _mostovik(services, "jobs", "rerun", failed_run, "--as", OPERATOR,
+                      "--reason", REASON)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    new_run, said = rerun.stdout.split()[-2:]
+    assert said == "queued"
+    run = services.graphql.wait_for_run(new_run)
+    assert (run.status, run.parent_run_id) == ("SUCCESS", failed_run)
+    assert (run.tags[REQUESTED_BY_TAG], run.tags[REASON_TAG]) == (OPERATOR, REASON)
+    assert _enqueued(services, [new_run]) == {new_run: True}
+    assert _rows_per_date(services)[day] == RATES_PER_DATE
+
+    # A fresh run of the period, followed to its end; signed by the OS user, no reason given.
+    fresh = _mostovik(services, "jobs", "rerun", "--source", SOURCE, "--period", day, "--wait")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    fresh_run, status = fresh.stdout.split()[-2:]
+    assert status == "completed"
+    run = services.graphql.run(fresh_run)
+    assert run.tags[REQUESTED_BY_TAG] == getpass.getuser() and REASON_TAG not in run.tags
+    assert run.tags["mostovik/rerun_of"] == new_run
+    assert _enqueued(services, [fresh_run]) == {fresh_run: True}
+    assert _rows_per_date(services)[day] == RATES_PER_DATE
+
+
+def test_several_sources_are_planned_each_by_its_own_backfill_policy(services):
+    forty_days = [(_MONDAY + timedelta(days=n)).isoformat() for n in range(-33, 7)]
+    preview = _mostovik(services, "jobs", "rerun", "--source", "erp_work_orders", "--source",
+                        "cbr_metal_prices", "--from", forty_days[0], "--to", forty_days[-1],
+                        "--only", "missing", "--reason", REASON, "--dry-run", "--json")
+    assert preview.returncode == 0, preview.stderr
+    plans = {plan["source"]: plan for plan in json.loads(preview.stdout)["sources"]}
+    assert sorted(plans) == ["cbr_metal_prices", "erp_work_orders"]
+    # Never loaded, both: the sync in runs of at most 31 windows, the metals in one ranged run.
+    assert plans["erp_work_orders"]["runs"] == [forty_days[:31], forty_days[31:]]
+    assert plans["cbr_metal_prices"]["runs"] == [forty_days]
+    assert all(plan["backfill_id"] is None for plan in plans.values())
