@@ -145,6 +145,7 @@ def _jobs(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_an_operator_finds_a_failed_job_reads_its_error_and_reruns_it(
     job_env, tmp_path, standin, pg_warehouse_url
 ):

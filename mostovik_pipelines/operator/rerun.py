@@ -54,6 +54,9 @@ def rerun(run_id: str | None, sources: Sequence[str], period: str | None, first:
     partitions of --source from --from to --to that --only selects: each submitted to the run
     queue (the daemon launches it), printing the run or backfill id."""
     ranged = bool(first or last or only)
+    if ranged and (run_id or period or full_resync):
+        fail(EXIT_USAGE, "a range (--from, --to, --only) takes no RUN_ID, --period or "
+                         "--full-resync")
     if ranged:
         _rerun_range(sources, first, last, only, dry_run, wait, as_json,
                      operator_name(requested_by), reason)

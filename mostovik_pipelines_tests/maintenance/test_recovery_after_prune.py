@@ -43,9 +43,8 @@ def _mostovik(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 def _rerun(env: dict[str, str], run_id: str) -> subprocess.CompletedProcess:
     """``mostovik jobs rerun RUN_ID --wait``: queued, launched by the daemon, followed to its
     end."""
-    with run_queue_daemon(env, Path(env["DAGSTER_HOME"]).parent / "daemon"):
-        return subprocess.run([MOSTOVIK, "jobs", "rerun", run_id, "--wait"], env=env,
-                              capture_output=True, text=True, timeout=300)
+    return subprocess.run([MOSTOVIK, "jobs", "rerun", run_id, "--wait"], env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def _fail_in_load(partition: str, env: dict[str, str], tmp_path: Path) -> str:
@@ -64,9 +63,15 @@ def _values(url: str, day: str) -> dict[str, Decimal]:
             if r["partition_date"] == date.fromisoformat(day)}
 
 
+@pytest.mark.timeout(900)
 def test_a_failed_run_reexecutes_inside_the_window_and_not_once_its_outputs_are_pruned(
     env, tmp_path, pg_warehouse_url, standin
 ):
+    with run_queue_daemon(env, tmp_path / "daemon"):  # launches the queued re-runs
+        _reexecute_inside_then_past_the_window(env, tmp_path, pg_warehouse_url, standin)
+
+
+def _reexecute_inside_then_past_the_window(env, tmp_path, pg_warehouse_url, standin) -> None:
     storage = Path(env["MOSTOVIK_DATA_DIR"]) / "storage"
     failed = _fail_in_load("2026-11-04", env, tmp_path)
 

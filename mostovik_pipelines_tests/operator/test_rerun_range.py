@@ -143,6 +143,7 @@ def _submitted_runs(services: DagsterServices, backfill_id: str, plan: dict) -> 
     return runs
 
 
+@pytest.mark.timeout(900)
 def test_a_weeks_recovery_previewed_then_queued_exactly_and_signed(services, standin):
     # The week as it stands: three days loaded, two failed on the source's 404, two missing.
     loaded = _mostovik(services, "materialize", "--source", SOURCE,
@@ -235,6 +236,9 @@ def test_a_range_needs_a_reason_and_partitions_the_source_has(services):
     bad_range = _mostovik(services, "jobs", "rerun", "--source", SOURCE, "--from", "1999-01-01",
                           "--to", WEEK[-1], "--only", "failed", "--reason", REASON)
     assert bad_range.returncode == 2 and "has no partition '1999-01-01'" in bad_range.stderr
+    mixed = _mostovik(services, "jobs", "rerun", "some-run", "--from", WEEK[0], "--to",
+                      WEEK[-1], "--only", "all", "--reason", REASON)
+    assert mixed.returncode == 2 and "takes no RUN_ID" in mixed.stderr
 
 
 def test_one_run_and_one_period_are_queued_for_the_daemon_and_signed(services, standin):
@@ -271,14 +275,15 @@ def test_one_run_and_one_period_are_queued_for_the_daemon_and_signed(services, s
 
 
 def test_several_sources_are_planned_each_by_its_own_backfill_policy(services):
-    forty_days = [(_MONDAY + timedelta(days=n)).isoformat() for n in range(-33, 7)]
+    # Forty days before those the other tests load: none ever loaded.
+    forty_days = [(_MONDAY + timedelta(days=n)).isoformat() for n in range(-47, -7)]
     preview = _mostovik(services, "jobs", "rerun", "--source", "erp_work_orders", "--source",
-                        "cbr_metal_prices", "--from", forty_days[0], "--to", forty_days[-1],
+                        SOURCE, "--from", forty_days[0], "--to", forty_days[-1],
                         "--only", "missing", "--reason", REASON, "--dry-run", "--json")
     assert preview.returncode == 0, preview.stderr
     plans = {plan["source"]: plan for plan in json.loads(preview.stdout)["sources"]}
-    assert sorted(plans) == ["cbr_metal_prices", "erp_work_orders"]
-    # Never loaded, both: the sync in runs of at most 31 windows, the metals in one ranged run.
+    assert sorted(plans) == [SOURCE, "erp_work_orders"]
+    # The sync in runs of at most 31 windows, the CBR's rates in one ranged run.
     assert plans["erp_work_orders"]["runs"] == [forty_days[:31], forty_days[31:]]
-    assert plans["cbr_metal_prices"]["runs"] == [forty_days]
+    assert plans[SOURCE]["runs"] == [forty_days]
     assert all(plan["backfill_id"] is None for plan in plans.values())

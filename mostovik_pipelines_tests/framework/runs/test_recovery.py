@@ -69,6 +69,7 @@ def _newest_run(instance: DagsterInstance):
     return instance.get_runs(limit=1)[0]
 
 
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_an_old_failed_run_reexecuted_after_a_newer_load_leaves_the_newer_figures(
     env, tmp_path, pg_warehouse_url, standin
 ):
@@ -101,6 +102,7 @@ def test_an_old_failed_run_reexecuted_after_a_newer_load_leaves_the_newer_figure
     assert again.status == DagsterRunStatus.SUCCESS
 
 
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_a_failed_ranged_run_reexecuted_from_failure_reloads_exactly_its_failed_partitions(
     env, tmp_path, pg_warehouse_url, standin, postgres
 ):

@@ -464,6 +464,7 @@ def _runs_of(instance: DagsterInstance, version: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_reprocessing_an_archived_file_on_purpose_succeeds_and_rewrites_nothing(
     pg_warehouse_url, standin_server, tmp_path, inbox, archive
 ):
