@@ -46,6 +46,8 @@ import sqlalchemy
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
+from mostovik_pipelines.framework.dagster_compat import storage_engine
+
 POOL_RECYCLE_SECONDS = 3600
 """A kept connection is replaced after an hour (as the webserver's default)."""
 MAX_OVERFLOW = 10
@@ -91,12 +93,6 @@ class PooledPostgresStorage(DagsterPostgresStorage):
             should_autocreate_tables=config_value.get("should_autocreate_tables", True),
             token_provider=get_token_provider_from_config(config_value),
         )
-
-
-def storage_engine(storage: Any) -> sqlalchemy.engine.Engine:
-    """The SQLAlchemy engine of a dagster-postgres storage: its private ``_engine``, which
-    ``optimize_for_webserver`` replaces (pinned by test_production_instance)."""
-    return storage._engine
 
 
 def _remember_tables(storage: Any) -> None:

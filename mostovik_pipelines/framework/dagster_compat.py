@@ -80,3 +80,10 @@ def run_event_log_dir(instance: Any) -> Path | None:
     if not isinstance(storage, SqliteEventLogStorage):
         return None
     return Path(storage.path_for_shard("index")).parent
+
+
+def storage_engine(storage: Any) -> Any:
+    """The SQLAlchemy engine of a dagster-postgres run, event-log or schedule storage: its
+    private ``_engine``, the one its calls use, which ``optimize_for_webserver`` replaces (the
+    outage guard listens on every engine the storage is given)."""
+    return storage._engine

@@ -18,6 +18,8 @@ from dagster import (
 from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
 
 PRUNE_JOB = "prune_storage_job"
+PRUNED_BYTES_PREFIX = "mostovik/pruned_bytes/"
+"""Metadata of the prune's engine event: the bytes it removed from each store."""
 PRUNE_SCHEDULE = "prune_storage_daily"
 MAX_RUNTIME_SECONDS = 3600
 
@@ -32,6 +34,10 @@ def maintenance_definitions(check_keys: Sequence[AssetCheckKey]) -> Definitions:
     def prune_storage(context: OpExecutionContext) -> None:
         from pathlib import Path
 
+        from dagster import MetadataValue
+
+        from mostovik_pipelines.framework.dagster_compat import EngineEventData
+        from mostovik_pipelines.maintenance.policy import RUNS
         from mostovik_pipelines.maintenance.prune import prune
 
         report = prune(
@@ -42,6 +48,17 @@ def maintenance_definitions(check_keys: Sequence[AssetCheckKey]) -> Definitions:
         )
         for line in report.lines():
             context.log.info(line)
+        # What `mostovik metrics` reads as the last prune's bytes, per store (runs are rows of
+        # run storage, not counted in bytes).
+        pruned_bytes = {store: size for store, size in report.size_bytes.items() if store != RUNS}
+        context.instance.report_engine_event(
+            "pruned " + ", ".join(f"{size} bytes of {store}"
+                                  for store, size in pruned_bytes.items()),
+            context.run,
+            EngineEventData({f"{PRUNED_BYTES_PREFIX}{store}": MetadataValue.int(size)
+                             for store, size in pruned_bytes.items()}),
+            step_key=context.get_step_execution_context().step.key,
+        )
 
     @job(name=PRUNE_JOB, executor_def=in_process_executor,
          tags={"mostovik/job_type": "maintenance",

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from mostovik_pipelines.local_runs import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
+
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
-EXIT_JOB_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
+__all__ = ["EXIT_JOB_FAILED", "EXIT_NOT_FOUND", "EXIT_USAGE", "fail", "instance_of_home",
+           "known_source"]
 
 
 def fail(code: int, message: str) -> NoReturn:

@@ -49,8 +49,8 @@ from mostovik_pipelines.framework.runs.tracking import JobNotFound, latest_job_f
 CODE_LOCATION_MODULE = "mostovik_pipelines"
 CODE_LOCATION_ATTRIBUTE = "defs"
 CODE_LOCATION_NAME = "mostovik_pipelines"
-"""The code location's name in the daemon's workspace (workspace.yaml): a queued run names it,
-and the daemon launches it through that location's code server."""
+"""The code location's name in the daemon's workspace (workspace.yaml, deploy/workspace.yaml):
+a queued run names it, and the daemon launches it through that location's code server."""
 REPOSITORY_NAME = "__repository__"
 """The repository name Dagster gives a ``Definitions`` object."""
 LAUNCHED_BY = "mostovik jobs rerun"
