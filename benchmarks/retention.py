@@ -11,7 +11,8 @@ operator runs (``sqlite``: the repository's ``dagster.yaml``; ``production``:
   loaded once: a tick's run without its process start-up);
 * a sample of what a year of daily operation adds, by the real jobs too: partitions loaded
   again twice (``dagster job execute``), runs that failed (the source answering 404), each
-  re-executed from its failure (``mostovik jobs rerun``);
+  re-executed from its failure in a process of its own (``rerun_from_failure``: what
+  ``mostovik jobs rerun`` queues for the daemon);
 * what the daily schedule's later ticks fetch again: for every day of the two CBR sources, two
   more fetches of the same page, landed by ``LandingStoreResource.land`` as the extract step
   lands them (the same bytes: a new record, the same blob);
@@ -51,7 +52,7 @@ from mostovik_pipelines_tests.support.instances import (
     production_instance,
 )
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
-from mostovik_pipelines_tests.support.processes import local_dagster_home
+from mostovik_pipelines_tests.support.processes import RERUN_IN_PROCESS, local_dagster_home
 
 DATABASE = "retention"
 INSTANCES = ("sqlite", "production")
@@ -218,7 +219,7 @@ def _daily_operation(env: dict[str, str], keys: list[str], home: Path, standin: 
                 raise RuntimeError(f"{source} {key}: the run meant to fail succeeded")
             with DagsterInstance.from_config(str(home)) as instance:
                 run_id = instance.get_runs(limit=1)[0].run_id
-            run_command([str(BIN / "mostovik"), "jobs", "rerun", run_id], env)
+            run_command([sys.executable, "-c", RERUN_IN_PROCESS, run_id], env)
 
 
 def _execute(source: str, key: str) -> list[str]:

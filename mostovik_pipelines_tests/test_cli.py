@@ -145,6 +145,7 @@ def _jobs(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_an_operator_finds_a_failed_job_reads_its_error_and_reruns_it(
     job_env, tmp_path, standin, pg_warehouse_url
 ):
@@ -172,7 +173,13 @@ def test_an_operator_finds_a_failed_job_reads_its_error_and_reruns_it(
     assert " pid " in shown.stdout
     assert "HTTP 404" in shown.stdout
 
-    rerun = _jobs("rerun", failed["run_id"], env=job_env, cwd=tmp_path)
+    # A re-run is queued: the daemon launches it; --wait follows it to its end.
+    from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
+
+    with run_queue_daemon(job_env, tmp_path / "daemon"):
+        rerun = _jobs("rerun", failed["run_id"], "--wait", env=job_env, cwd=tmp_path)
+        fresh = _jobs("rerun", "--source", "cbr_daily_rates", "--period", "2026-11-04",
+                      "--wait", env=job_env, cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     new_run_id, status = rerun.stdout.split()[-2:]
     assert status == "completed"
@@ -183,8 +190,6 @@ def test_an_operator_finds_a_failed_job_reads_its_error_and_reruns_it(
     assert new_job["totals"]["inserted"] == 12
     assert len(table_rows(pg_warehouse_url, "cbr_daily_rates")) == 12
 
-    fresh = _jobs("rerun", "--source", "cbr_daily_rates", "--period", "2026-11-04",
-                  env=job_env, cwd=tmp_path)
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     fresh_job = json.loads(_jobs("show", fresh.stdout.split()[-2], "--json", env=job_env,
                                  cwd=tmp_path).stdout)

@@ -1,7 +1,7 @@
 """Every private Dagster and dagster-celery name the project uses, in one place.
 
 Dagster 1.13 has no public API for these; each is pinned by
-``framework/test_dagster_compat.py`` (its existence and the behaviour we rely on), so an upgrade
+``framework/test_dagster_compat*.py`` (its existence and the behaviour we rely on), so an upgrade
 that moves or changes one fails there, named, not somewhere in a run. The tests' own daemon
 wrapper is the one other private use (``mostovik_pipelines_tests/support/dagster_daemon.py``,
 pinned by ``test_dagster_daemon.py``).
@@ -21,20 +21,38 @@ from dagster._core.definitions.freshness import (
 )
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.events import EngineEventData, JobFailureData, RunFailureReason
+from dagster._core.execution.api import create_execution_plan
+from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+from dagster._core.execution.plan.state import KnownExecutionState
 from dagster._core.execution.retries import RetryMode
+from dagster._core.remote_origin import (
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 from dagster._core.storage.tags import RUN_KEY_TAG
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 __all__ = [
     "RUN_KEY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
+    "BulkActionStatus",
+    "BulkActionsFilter",
     "CronFreshnessPolicy",
     "EngineEventData",
+    "KnownExecutionState",
+    "LoadableTargetOrigin",
+    "ManagedGrpcPythonEnvCodeLocationOrigin",
+    "PartitionBackfill",
     "PickledObjectFilesystemIOManager",
     "ReconstructableRepository",
+    "RemoteJobOrigin",
+    "RemoteRepositoryOrigin",
     "RetryMode",
     "TimeWindowFreshnessPolicy",
     "celery_executor_internals",
+    "create_execution_plan",
     "run_event_log_dir",
     "run_failed_unexpectedly",
 ]

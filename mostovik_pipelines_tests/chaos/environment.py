@@ -8,8 +8,9 @@ stand-in source, a SQLite Dagster home, and the ways of starting a run of the CB
   loaded already, and runs the same job with ``execute_in_process`` in the child, for one
   partition or a range of them: the same ops, resources and instance, in a fraction of the
   start-up time, and just as killable.
-* :meth:`ChaosEnvironment.start_cli_rerun` starts ``mostovik jobs rerun RUN_ID``, the operator's
-  re-execution of a failed run from its failure.
+* :meth:`ChaosEnvironment.start_cli_rerun` starts a re-execution of a failed run from its failure
+  in a process of its own (``rerun_from_failure``: what ``mostovik jobs rerun RUN_ID`` queues for
+  the daemon, executed in that process, so a kill -9 takes the run).
 * :meth:`ChaosEnvironment.start_warm_reexecution` forks and re-executes a finished run in the
   child, from its failure (``rerun_from_failure``, what ``mostovik jobs rerun`` calls) or all of
   its steps (``dagster.execute_job`` with ``ReexecutionOptions``), the job reconstructed from
@@ -71,11 +72,11 @@ from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.processes import RERUN_IN_PROCESS
 
 SOURCE = cbr_daily_rates.SOURCE.name
 JOB = f"{SOURCE}_job"
 ATTEMPT_TAG = "chaos/attempt"
-MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
 WARM_TIMEOUT_SECONDS = 1.0
 CLI_TIMEOUT_SECONDS = 2.0
 CLOCK_SLACK = timedelta(seconds=1)
@@ -247,13 +248,14 @@ class ChaosEnvironment:
         return RunHandle("warm", partitions, attempt, process, log_path, run_id)
 
     def start_cli_rerun(self, run_id: str) -> RunHandle:
-        """``mostovik jobs rerun RUN_ID``: the failed run re-executed from its failure."""
+        """The failed run re-executed from its failure, in a process of its own."""
         attempt = uuid.uuid4().hex[:12]
         log_path = self.logs / f"cli-rerun-{attempt}.log"
         started_at = datetime.now(UTC)
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [MOSTOVIK, "jobs", "rerun", run_id], env=self.cli_environment(), cwd=self.root,
+                [sys.executable, "-c", RERUN_IN_PROCESS, run_id], env=self.cli_environment(),
+                cwd=self.root,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         return RunHandle("cli", self.partitions_of(run_id), attempt, process, log_path,

@@ -23,7 +23,7 @@ LAYERS = (
     ("resources", ("resources", "instance_storage", "framework.runs.claims")),
     ("framework", ("framework", "execution")),
     ("sources and services", ("sources", "maintenance", "standin", "scaffold", "metrics")),
-    ("entry points", ("definitions", "cli", "demo", "local_runs", "")),
+    ("entry points", ("definitions", "cli", "operator", "demo", "local_runs", "")),
 )
 """The layers, lowest first, by module prefix under ``mostovik_pipelines`` (the longest prefix
 decides): the names every layer uses (settings, errors, retries, tags, the warehouse's tables);

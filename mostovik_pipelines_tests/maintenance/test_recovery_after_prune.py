@@ -19,6 +19,7 @@ from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV, RETENTION_G
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import run_environment, start_job_execute
+from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,13 @@ def _mostovik(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
                           timeout=180)
 
 
+def _rerun(env: dict[str, str], run_id: str) -> subprocess.CompletedProcess:
+    """``mostovik jobs rerun RUN_ID --wait``: queued, launched by the daemon, followed to its
+    end."""
+    return subprocess.run([MOSTOVIK, "jobs", "rerun", run_id, "--wait"], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
 def _fail_in_load(partition: str, env: dict[str, str], tmp_path: Path) -> str:
     """A run that fetches and parses the partition, then cannot reach the warehouse."""
     unreachable = {**env, "MOSTOVIK_DATABASE_URL":
@@ -55,9 +63,15 @@ def _values(url: str, day: str) -> dict[str, Decimal]:
             if r["partition_date"] == date.fromisoformat(day)}
 
 
+@pytest.mark.timeout(900)
 def test_a_failed_run_reexecutes_inside_the_window_and_not_once_its_outputs_are_pruned(
     env, tmp_path, pg_warehouse_url, standin
 ):
+    with run_queue_daemon(env, tmp_path / "daemon"):  # launches the queued re-runs
+        _reexecute_inside_then_past_the_window(env, tmp_path, pg_warehouse_url, standin)
+
+
+def _reexecute_inside_then_past_the_window(env, tmp_path, pg_warehouse_url, standin) -> None:
     storage = Path(env["MOSTOVIK_DATA_DIR"]) / "storage"
     failed = _fail_in_load("2026-11-04", env, tmp_path)
 
@@ -68,7 +82,7 @@ def test_a_failed_run_reexecutes_inside_the_window_and_not_once_its_outputs_are_
     assert dry.stdout.replace("would remove", "removed") == pruned.stdout
     assert "op outputs: removed 0 run directories, 0 bytes" in pruned.stdout
     assert (storage / failed).is_dir()
-    rerun = _mostovik(env, "jobs", "rerun", failed)
+    rerun = _rerun(env, failed)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert len(_values(pg_warehouse_url, "2026-11-04")) == 12
 
@@ -84,7 +98,7 @@ def test_a_failed_run_reexecutes_inside_the_window_and_not_once_its_outputs_are_
     assert not (storage / too_old).exists()
     assert not [path for path in storage.iterdir()], "every finished run's outputs went"
 
-    rerun = _mostovik(env, "jobs", "rerun", too_old)
+    rerun = _rerun(env, too_old)
     assert rerun.returncode == 1, rerun.stdout + rerun.stderr
     job = load_job(DagsterInstance.get(), rerun.stdout.split()[0], ALL_SOURCES)
     said = " ".join([job.errors[0].message, *job.errors[0].causes])

@@ -42,10 +42,13 @@ FAILED_PERMANENTLY_KEY = f"{TAG_PREFIX}failed_permanently"
 # Written by `mostovik jobs rerun`:
 LAUNCHED_BY_TAG = f"{TAG_PREFIX}launched_by"
 RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"
+
+# Every run an operator asks for is signed (shown by `mostovik jobs list/show`, the UI's run
+# list and the alerts about the run):
 REQUESTED_BY_TAG = f"{TAG_PREFIX}requested_by"
-"""Who asked for the run (an operator's re-run): shown in the run list and in its alerts."""
+"""Who asked for the run: the operator's OS user, or the name given with ``--as``."""
 REASON_TAG = f"{TAG_PREFIX}reason"
-"""Why they asked for it, in their words: shown in the run list and in its alerts."""
+"""Why the operator asked for it, in their words (``--reason``)."""
 
 
 class TaggedSource(Protocol):

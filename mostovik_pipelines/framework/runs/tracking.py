@@ -43,6 +43,8 @@ from mostovik_pipelines.framework.runs.tags import (
     PARTITION_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
+    REASON_TAG,
+    REQUESTED_BY_TAG,
     RERUN_OF_TAG,
     SOURCE_TAG,
     STATUS_TAG,
@@ -146,6 +148,10 @@ class Job:
     celery_tasks: dict[str, str] = field(default_factory=dict)
     processes: dict[str, str] = field(default_factory=dict)
     """Op -> the host and process id its latest attempt ran in."""
+    requested_by: str | None = None
+    """Who asked for an operator's run (``mostovik/requested_by``)."""
+    reason: str | None = None
+    """Why they asked for it (``mostovik/reason``)."""
 
     @property
     def period(self) -> str:
@@ -363,7 +369,8 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
         rerun_of=run.tags.get(RERUN_OF_TAG),
         totals=totals if per_partition else {}, per_partition=per_partition,
         left_out=left_out, attempts=attempts, errors=errors, celery_tasks=celery_tasks,
-        processes=processes,
+        processes=processes, requested_by=run.tags.get(REQUESTED_BY_TAG),
+        reason=run.tags.get(REASON_TAG),
     )
 
 

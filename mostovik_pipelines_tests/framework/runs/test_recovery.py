@@ -1,5 +1,6 @@
 """Recovery never goes back in time and nothing dead holds a partition, on the launch paths an
-operator uses: `dagster job execute`, `dagster asset materialize`, `mostovik jobs rerun`."""
+operator uses: `dagster job execute`, `dagster asset materialize`, `mostovik jobs rerun` (queued:
+the daemon launches it)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from mostovik_pipelines_tests.support.processes import (
     start_job_execute,
     start_range_materialize,
 )
+from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
 pytestmark = pytest.mark.slow
@@ -52,8 +54,10 @@ def _finish(process: subprocess.Popen, timeout: float = 180) -> str:
 
 
 def _rerun(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([MOSTOVIK, "jobs", "rerun", *args], env=env, capture_output=True,
-                          text=True, timeout=180)
+    """``mostovik jobs rerun ... --wait``: queued, launched by the daemon, followed to its end."""
+    with run_queue_daemon(env, Path(env["DAGSTER_HOME"]).parent / "daemon"):
+        return subprocess.run([MOSTOVIK, "jobs", "rerun", *args, "--wait"], env=env,
+                              capture_output=True, text=True, timeout=300)
 
 
 def _values(url: str, day: str) -> dict[str, Decimal]:
@@ -65,6 +69,7 @@ def _newest_run(instance: DagsterInstance):
     return instance.get_runs(limit=1)[0]
 
 
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_an_old_failed_run_reexecuted_after_a_newer_load_leaves_the_newer_figures(
     env, tmp_path, pg_warehouse_url, standin
 ):
@@ -97,6 +102,7 @@ def test_an_old_failed_run_reexecuted_after_a_newer_load_leaves_the_newer_figure
     assert again.status == DagsterRunStatus.SUCCESS
 
 
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_a_failed_ranged_run_reexecuted_from_failure_reloads_exactly_its_failed_partitions(
     env, tmp_path, pg_warehouse_url, standin, postgres
 ):

@@ -45,6 +45,7 @@ from mostovik_pipelines_tests.support.processes import (
     local_dagster_home,
     run_environment,
 )
+from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
 from mostovik_pipelines_tests.support.runs import load_metadata, step_failure_message
 
 MOSTOVIK = str(Path(sys.executable).parent / "mostovik")
@@ -463,6 +464,7 @@ def _runs_of(instance: DagsterInstance, version: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the daemon started for the queued re-run
 def test_reprocessing_an_archived_file_on_purpose_succeeds_and_rewrites_nothing(
     pg_warehouse_url, standin_server, tmp_path, inbox, archive
 ):
@@ -478,9 +480,11 @@ def test_reprocessing_an_archived_file_on_purpose_succeeds_and_rewrites_nothing(
         assert len(stored) == 40
         [first] = _runs_of(instance, version)
 
-        by_id = _mostovik(env, "jobs", "rerun", first.run_id)
-        by_period = _mostovik(env, "jobs", "rerun", "--source", "material_deliveries",
-                              "--period", version)
+        # Queued: the daemon launches each re-run; --wait follows it to its end.
+        with run_queue_daemon(env, tmp_path / "daemon"):
+            by_id = _mostovik(env, "jobs", "rerun", first.run_id, "--wait")
+            by_period = _mostovik(env, "jobs", "rerun", "--source", "material_deliveries",
+                                  "--period", version, "--wait")
 
         again, fresh = _runs_of(instance, version)[1:]
     assert by_id.split() == [again.run_id, "completed"]
