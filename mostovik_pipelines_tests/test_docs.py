@@ -4,7 +4,8 @@ is one the command parses, options, choices and values included.
 
 A run config is shown as a fenced ``yaml`` block whose first line is ``# run config of <job>``;
 a command line is a line of a fenced ``sh`` block starting with ``mostovik`` (or
-``.venv/bin/mostovik``). ``RUN_ID`` stands for a run id."""
+``.venv/bin/mostovik``), or of a ``console`` block after its ``$`` prompt. ``RUN_ID`` stands for a
+run id."""
 
 from __future__ import annotations
 
@@ -52,7 +53,11 @@ def shown_run_configs() -> list[tuple[str, str, dict]]:
 def shown_commands() -> list[tuple[str, list[str]]]:
     """(document, arguments) of every `mostovik` command line the documents show."""
     found = []
-    for document, block in _blocks("sh"):
+    shown = [*_blocks("sh"), *((document, "\n".join(
+        line.removeprefix("$ ") for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith("$ ")))
+        for document, block in _blocks("console"))]
+    for document, block in shown:
         for line in block.replace("\\\n", " ").splitlines():
             if not line.lstrip().startswith(("mostovik ", ".venv/bin/mostovik ")):
                 continue
