@@ -29,6 +29,7 @@ from dagster import AssetCheckKey, DagsterInstance
 
 from mostovik_pipelines.maintenance.claim_files import dead_claim_files
 from mostovik_pipelines.maintenance.files import (
+    StoredPayloads,
     old_fetch_records,
     stale_frames,
     stale_op_outputs,
@@ -43,7 +44,7 @@ def plan_prune(instance: DagsterInstance, *, landing_dir: Path, op_output_dir: P
                now: datetime) -> list[Removal]:
     """Everything a prune at ``now`` removes, in the order it removes it."""
     facts = RunFacts.read(instance)
-    records = old_fetch_records(landing_dir, facts, policy, now)
+    records = old_fetch_records(landing_dir, facts, policy, now, StoredPayloads(instance))
     return [
         *stale_op_outputs(op_output_dir, facts, policy, now),
         *records,
