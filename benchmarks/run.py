@@ -39,7 +39,12 @@ from benchmarks.files import FilesFigures, files_table, measure_files
 from benchmarks.loader import MODES, LoaderFigures, measure_loader
 from benchmarks.measure import MB, Figure
 from benchmarks.orchestration import OrchestrationFigures, measure_orchestration
-from benchmarks.retention import RetentionFigures, measure_retention, retention_table
+from benchmarks.retention import (
+    INSTANCES,
+    RetentionFigures,
+    measure_retention,
+    retention_table,
+)
 from benchmarks.sync import SyncFigures, measure_sync
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
@@ -70,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files-repeat", type=int, help="repetitions of the files section")
     parser.add_argument("--skip-files", action="store_true")
     parser.add_argument("--skip-retention", action="store_true")
+    parser.add_argument("--retention-days", type=int, default=365,
+                        help="days of the simulated operation (a year unless told)")
+    parser.add_argument("--retention-instance", choices=("sqlite", "production"),
+                        help="simulate on this instance only (both unless told)")
     options = parser.parse_args(argv)
     files_settings = dict(FILES_QUICK if options.quick else FILES_FULL)
     files_settings.update({k: v for k, v in (("files_rows", options.files_rows),
@@ -109,7 +118,9 @@ def main(argv: list[str] | None = None) -> None:
                                   log)
         retention = None
         if not options.skip_retention:
-            retention = measure_retention(server, work_dir, log)
+            retention = measure_retention(
+                server, work_dir, log, options.retention_days,
+                (options.retention_instance,) if options.retention_instance else INSTANCES)
         print(report(server, loader, orchestration, sys.argv[1:] if argv is None else argv,
                      time.perf_counter() - started, sync, files=files, retention=retention))
     finally:
