@@ -12,22 +12,22 @@ import contextlib
 import json
 import os
 import sys
-import uuid
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import click
 
+from mostovik_pipelines.local_runs import (
+    EXIT_JOB_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    run_in_process,
+    standin_environment,
+    summary_header,
+    summary_lines,
+    summary_width,
+)
+from mostovik_pipelines.metrics.command import metrics
 from mostovik_pipelines.settings import resolved_database_url
-
-if TYPE_CHECKING:
-    from dagster import DagsterInstance, JobDefinition
-
-    from mostovik_pipelines.framework.runs.tracking import Job
-
-EXIT_JOB_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
 
 
 @click.group()
@@ -88,17 +88,6 @@ def standin(host: str, port: int, print_env: bool) -> None:
         click.echo(f"  {name}={url}")
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-
-
-def standin_environment(base_url: str) -> dict[str, str]:
-    """The settings that point every source with a stand-in endpoint at the stand-in serving
-    at ``base_url``, each source's own ``url_setting``."""
-    from mostovik_pipelines.sources import ALL_SOURCES
-    from mostovik_pipelines.standin.endpoint import discover_endpoints
-
-    endpoints = discover_endpoints()
-    return {spec.url_setting: f"{base_url}{endpoints[spec.name].path}" for spec in ALL_SOURCES
-            if spec.url_setting and spec.name in endpoints}
 
 
 @main.command("new-source")
@@ -186,83 +175,21 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
     return EXIT_JOB_FAILED if failed else 0
 
 
-def run_in_process(instance: DagsterInstance, source_job: JobDefinition,
-                   partitions: Sequence[str], tags: Mapping[str, str] | None = None) -> Job:
-    """One run of ``source_job`` in this process for ``partitions`` (consecutive keys: more than
-    one is a run over their range), and its job view."""
-    from mostovik_pipelines.framework.runs.claims import hold_run_claim
-    from mostovik_pipelines.framework.runs.tags import RANGE_END_TAG, RANGE_START_TAG
-    from mostovik_pipelines.framework.runs.tracking import load_job
-    from mostovik_pipelines.sources import ALL_SOURCES
-
-    tags = dict(tags or {})
-    if len(partitions) > 1:
-        tags.update({RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]})
-    run_id = str(uuid.uuid4())
-    # In-process runs have no executor of ours: this process is the run, and holds its claim.
-    with hold_run_claim(instance, run_id):
-        source_job.execute_in_process(
-            partition_key=partitions[0] if len(partitions) == 1 else None, tags=tags,
-            instance=instance, raise_on_error=False, run_id=run_id,
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-        )
-    return load_job(instance, run_id, ALL_SOURCES)
-
-
-SUMMARY_FIGURES = ("inserted", "updated", "unchanged", "deleted", "rejected")
-
-
-def summary_width(partitions: Sequence[str]) -> int:
-    """The width of the partition column of a summary table of ``partitions``."""
-    return max(map(len, ["partition", *partitions]))
-
-
-def summary_header(width: int) -> str:
-    return (f"{'partition':<{width}}  {'status':<9} "
-            + " ".join(f"{name:>9}" for name in SUMMARY_FIGURES) + "  run / note")
-
-
-def summary_line(partition: str, width: int, status: str, figures: Mapping[str, int],
-                 run_id: str, note: str) -> str:
-    return (f"{partition:<{width}}  {status:<9} "
-            + " ".join(f"{figures.get(name, 0):>9}" for name in SUMMARY_FIGURES)
-            + f"  {run_id[:8]} {note}").rstrip()
-
-
-def summary_lines(job: Job, partitions: Sequence[str], width: int) -> list[str]:
-    """A line per partition of ``job``: its figures once loaded (partial: rows were
-    quarantined), else skipped with the reason (not available yet), or failed with the error."""
-    from mostovik_pipelines.framework.runs.tracking import JobStatus
-
-    error = job.errors[0].message if job.errors else ""
-    lines = []
-    for partition in partitions:
-        figures = job.per_partition.get(partition)
-        if figures is not None:
-            status = "partial" if figures.get("rejected") else "completed"
-            note = "rejected rows are in quarantined_rows" if figures.get("rejected") else ""
-        else:
-            status = "failed" if job.status is JobStatus.FAILED else "skipped"
-            note = job.left_out.get(partition) or error
-        lines.append(summary_line(partition, width, status, figures or {}, job.run_id, note))
-    return lines
-
-
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
 def prune(dry_run: bool) -> None:
     """Apply the retention policy now, as the daily prune_storage_job does: old op outputs,
     landed payloads and runs (README, "Retention"); prints what it removes per store."""
-    from pathlib import Path
-
     from mostovik_pipelines.definitions import defs
     from mostovik_pipelines.framework.errors import ConfigurationError
     from mostovik_pipelines.maintenance.prune import prune as prune_stores
+    from mostovik_pipelines.resources.stores import store_path
     from mostovik_pipelines.settings import landing_dir, storage_dir
 
     try:
         report = prune_stores(
-            _instance(), landing_dir=Path(landing_dir()), op_output_dir=Path(storage_dir()),
+            _instance(), landing_dir=store_path(landing_dir()),
+            op_output_dir=store_path(storage_dir()),
             check_keys=list(defs.resolve_asset_graph().asset_check_keys), dry_run=dry_run)
     except ConfigurationError as refused:
         _fail(EXIT_USAGE, str(refused))
@@ -427,6 +354,8 @@ def jobs_rerun(run_id: str | None, source: str | None, period: str | None,
     if job.status is JobStatus.FAILED:
         sys.exit(EXIT_JOB_FAILED)
 
+
+main.add_command(metrics)
 
 if __name__ == "__main__":
     main()

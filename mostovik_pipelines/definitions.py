@@ -18,6 +18,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
 )
 from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY, alert_sensors
+from mostovik_pipelines.framework.runs.dead_runs import dead_runs_sensor
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.maintenance.job import maintenance_definitions
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
@@ -55,7 +56,7 @@ def build_code_location(
         *(build_source_definitions(spec) for spec in sources),
         maintenance_definitions([check.key for spec in sources for check in check_specs(spec)]),
         Definitions(
-            sensors=alert_sensors(sources),
+            sensors=[*alert_sensors(sources), dead_runs_sensor(sources)],
             resources={**default_resources(sources), **(resources or {})},
             executor=executor_from_environment(),
         ),

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from mostovik_pipelines.cli import (
+from mostovik_pipelines.local_runs import (
     EXIT_JOB_FAILED,
     run_in_process,
     standin_environment,

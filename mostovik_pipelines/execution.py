@@ -74,13 +74,24 @@ def holding_run_claim(definition: ExecutorDefinition) -> ExecutorDefinition:
     as the process driving it, whatever executes its steps and wherever."""
     create = definition.executor_creation_fn
     assert create is not None
+
+    def create_claim_holding(init_context):
+        return _ClaimHoldingExecutor(create(init_context))
+
+    create_claim_holding.holds_run_claim = True  # kept by .configured(), read below
     return ExecutorDefinition(
         name=definition.name,
         config_schema=definition.config_schema,
         requirements=definition.get_requirements,
-        executor_creation_fn=lambda init_context: _ClaimHoldingExecutor(create(init_context)),
+        executor_creation_fn=create_claim_holding,
         description=definition.description,
     )
+
+
+def holds_run_claim(definition: ExecutorDefinition) -> bool:
+    """Whether runs of a job with this executor hold their claim while they are alive (the
+    dead-run sensor watches only those: a job with another executor never takes one)."""
+    return getattr(definition.executor_creation_fn, "holds_run_claim", False)
 
 
 class _ClaimHoldingExecutor(Executor):

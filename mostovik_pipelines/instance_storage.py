@@ -46,6 +46,9 @@ import sqlalchemy
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
+from mostovik_pipelines.framework.dagster_compat import storage_engine
+from mostovik_pipelines.framework.errors import refused_by_the_server
+
 POOL_RECYCLE_SECONDS = 3600
 """A kept connection is replaced after an hour (as the webserver's default)."""
 MAX_OVERFLOW = 10
@@ -55,8 +58,9 @@ DEFAULT_OUTAGE_SECONDS = 90.0
 AWAY = ("connection refused", "could not connect", "starting up", "shutting down",
         "server closed the connection", "connection to server", "timeout expired",
         "terminating connection")
-"""What libpq says when the database is away rather than refusing us (bad password, no such
-database: those fail at once)."""
+"""What libpq says when the database is away; unless the one classifier finds the server
+refusing us in it (a bad password, no such database, a bad option, too many clients:
+:func:`.framework.errors.refused_by_the_server`), which fails at once."""
 
 RETRY_PAUSE_SECONDS = 0.2
 """Before a call cut off in flight is made again (its new connection waits out the outage)."""
@@ -91,12 +95,6 @@ class PooledPostgresStorage(DagsterPostgresStorage):
             should_autocreate_tables=config_value.get("should_autocreate_tables", True),
             token_provider=get_token_provider_from_config(config_value),
         )
-
-
-def storage_engine(storage: Any) -> sqlalchemy.engine.Engine:
-    """The SQLAlchemy engine of a dagster-postgres storage: its private ``_engine``, which
-    ``optimize_for_webserver`` replaces (pinned by test_production_instance)."""
-    return storage._engine
 
 
 def _remember_tables(storage: Any) -> None:
@@ -246,4 +244,5 @@ class _Outage:
 
 
 def _database_away(error: Exception) -> bool:
-    return any(sign in str(error).lower() for sign in AWAY)
+    message = str(error).lower()
+    return any(sign in message for sign in AWAY) and not refused_by_the_server(message)

@@ -32,12 +32,14 @@ def data_dir() -> Path:
 
 
 def landing_dir() -> str:
-    """The landing store's root (raw payloads), shared by every worker."""
+    """The landing store's root (raw payloads), shared by every worker: a directory, or a bucket
+    of an S3-compatible store as ``s3://bucket/prefix`` (its credentials from ``AWS_*``)."""
     return setting(LANDING_DIR_ENV, str(data_dir() / "landing"))
 
 
 def storage_dir() -> str:
-    """The op-output storage's root (what a step hands the next), shared by every worker."""
+    """The op-output storage's root (what a step hands the next), shared by every worker: a
+    directory or ``s3://bucket/prefix``, as :func:`landing_dir`."""
     return setting(STORAGE_DIR_ENV, str(data_dir() / "storage"))
 
 

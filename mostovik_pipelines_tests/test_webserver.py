@@ -178,7 +178,7 @@ def test_the_code_location_loads_with_its_assets_checks_jobs_schedules_and_senso
     assert SCHEDULE in contents.schedules
     assert contents.sensors == {
         **{f"{name}_inbox_sensor": "RUNNING" for name, spec in SPECS.items() if spec.sensor},
-        **{name: "RUNNING" for name in ALERT_SENSORS}}
+        **{name: "RUNNING" for name in ALERT_SENSORS}, "dead_runs": "RUNNING"}
     assert contents.asset_checks == sorted(
         f"{name}:{check}" for name, checks in CHECKS.items() for check in checks)
     daemons = services.graphql.daemon_statuses()

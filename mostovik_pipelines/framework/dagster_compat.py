@@ -20,7 +20,7 @@ from dagster._core.definitions.freshness import (
     TimeWindowFreshnessPolicy,
 )
 from dagster._core.definitions.reconstruct import ReconstructableRepository
-from dagster._core.events import EngineEventData
+from dagster._core.events import EngineEventData, JobFailureData, RunFailureReason
 from dagster._core.execution.retries import RetryMode
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 from dagster._core.storage.tags import RUN_KEY_TAG
@@ -36,6 +36,7 @@ __all__ = [
     "TimeWindowFreshnessPolicy",
     "celery_executor_internals",
     "run_event_log_dir",
+    "run_failed_unexpectedly",
 ]
 
 
@@ -48,6 +49,16 @@ def celery_executor_internals() -> tuple[Any, Any, Any, Any]:
 
     return CELERY_CONFIG, CeleryExecutor, submit_task, core_celery_execution_loop
 
+
+def run_failed_unexpectedly(instance: Any, run: Any, message: str) -> None:
+    """Mark ``run`` failed from outside it as an infrastructure failure: the run failure event
+    carries the reason ``UNEXPECTED_TERMINATION`` (what Dagster records for a run worker
+    interrupted unexpectedly), so run storage tags the run ``dagster/failure_reason`` with it and
+    the daemon's run retries, which never retry a ``STEP_FAILURE`` under
+    ``retry_on_asset_or_op_failure: false``, run it again. ``report_run_failed`` is public; the
+    failure data and reason it takes are not."""
+    instance.report_run_failed(run, message, JobFailureData(
+        error=None, failure_reason=RunFailureReason.UNEXPECTED_TERMINATION))
 
 
 def run_event_log_dir(instance: Any) -> Path | None:
@@ -62,3 +73,10 @@ def run_event_log_dir(instance: Any) -> Path | None:
     if not isinstance(storage, SqliteEventLogStorage):
         return None
     return Path(storage.path_for_shard("index")).parent
+
+
+def storage_engine(storage: Any) -> Any:
+    """The SQLAlchemy engine of a dagster-postgres run, event-log or schedule storage: its
+    private ``_engine``, the one its calls use, which ``optimize_for_webserver`` replaces (the
+    outage guard listens on every engine the storage is given)."""
+    return storage._engine

@@ -37,9 +37,24 @@ UNAVAILABLE_SQLSTATES = {
 }
 """The server is going away or not back yet (a restart, a failover): an outage, not a glitch."""
 TRANSIENT_SQLSTATE_CLASSES = {"08": "connection exception"}
-OUTAGE_KINDS = frozenset({"database_connection_lost", "broker"})
-"""Kinds of failure that mean a part we stand on is away (the warehouse or the broker restarting
-or failing over): retried for as long as the step's outage budget lasts, not a count of tries."""
+REFUSED_BY_THE_SERVER = {
+    "password authentication failed": "authentication failed",
+    "no password supplied": "authentication failed",
+    "no pg_hba.conf entry": "authentication failed",
+    "does not exist": "no such database or role",
+    "unrecognized configuration parameter": "a bad setting",
+    "invalid value for parameter": "a bad setting",
+}
+"""What the server answers a connection it will not serve (libpq gives these no SQLSTATE): a
+setting of ours is wrong, and it stays wrong however long we wait."""
+TOO_MANY_CLIENTS = ("too many clients", "too many connections",
+                    "remaining connection slots are reserved")
+OUTAGE_KINDS = frozenset({"database_connection_lost", "broker", "object_store_unreachable"})
+"""Kinds of failure that mean a part we stand on is away (the warehouse, the broker or the object
+store restarting or failing over): retried for as long as the step's outage budget lasts, not a
+count of tries."""
+RUN_RETRY_ONLY_KINDS = frozenset({"run_claim_lost"})
+"""Transient kinds a step does not retry: the run cannot go on, a new run may."""
 
 TRANSIENT_ERRNOS = {
     errno.EAGAIN: "resource temporarily unavailable",
@@ -68,6 +83,28 @@ TRANSIENT_BROKER_ERRORS = {
     ("redis.exceptions", "TimeoutError"),
     ("amqp.exceptions", "ConnectionForced"),
 }
+
+# The S3 client's errors of a store that does not answer, matched by name as the broker's are.
+UNREACHABLE_OBJECT_STORE_ERRORS = {
+    ("botocore.exceptions", "ConnectionError"),  # refused, DNS, connect timeout
+    ("botocore.exceptions", "HTTPClientError"),  # connection closed, read timeout
+}
+OBJECT_STORE_BUSY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"}
+"""S3 error codes of a store that answers but cannot serve now (s3fs raises them as ``OSError``
+with the service's error as the cause)."""
+
+
+def object_store_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the object store cannot be reached or cannot serve now."""
+    if any((cls.__module__, cls.__name__) in UNREACHABLE_OBJECT_STORE_ERRORS
+           for cls in type(exc).__mro__):
+        return True
+    cause = exc.__cause__
+    response = getattr(cause, "response", None)
+    if isinstance(exc, OSError) and isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or response.get("Error", {}).get("Code") in OBJECT_STORE_BUSY_CODES
+    return False
 
 
 def broker_unreachable(exc: BaseException) -> bool:
@@ -170,6 +207,14 @@ class PageCursorExpired(TransientError):
     kind = "cursor_expired"
 
 
+class RunClaimLost(TransientError):
+    """The run's claim (:mod:`.runs.claims`) was lost and not taken again within the grace:
+    another run may already be working on its partitions, so this one stops before it writes.
+    Not retried by the step (its claim is gone); a new run of the partitions may take them up."""
+
+    kind = "run_claim_lost"
+
+
 class ConcurrentRunError(TransientError):
     """Another run holds the same source and partition; it can pass when that run ends."""
 
@@ -188,6 +233,12 @@ class Verdict:
     @property
     def label(self) -> str:
         return "transient" if self.transient else "permanent"
+
+    @property
+    def retried_by_step(self) -> bool:
+        """Whether another attempt of the step may pass: a transient failure, except one that
+        only another run can get past (:data:`RUN_RETRY_ONLY_KINDS`)."""
+        return self.transient and self.kind not in RUN_RETRY_ONLY_KINDS
 
     @property
     def outage(self) -> bool:
@@ -222,6 +273,8 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(True, "database_busy", reason)
     if (type(exc).__module__, type(exc).__name__) in TRANSIENT_BROKER_ERRORS:
         return Verdict(True, "broker", reason)
+    if object_store_unreachable(exc):
+        return Verdict(True, "object_store_unreachable", reason)
     if isinstance(exc, TimeoutError):
         return Verdict(True, "timeout", reason)
     if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
@@ -253,8 +306,9 @@ def _classify_database_error(exc: sqlalchemy.exc.DBAPIError, reason: str) -> Ver
     if sqlstate is None and isinstance(exc, sqlalchemy.exc.OperationalError) and not isinstance(
         orig, sqlite3.Error
     ):
-        # psycopg raises OperationalError without a SQLSTATE when the connection itself broke.
-        return Verdict(True, "database_connection_lost", reason)
+        # psycopg raises OperationalError without a SQLSTATE when the connection itself broke,
+        # and when the server refused to open it.
+        return _classify_connection_failure(reason)
     if isinstance(exc, sqlalchemy.exc.IntegrityError):
         return Verdict(False, "integrity_violation", reason)
     return Verdict(False, "database_error", reason)
@@ -269,12 +323,31 @@ def _classify_driver_error(exc: psycopg.Error, reason: str) -> Verdict:
     if sqlstate in TRANSIENT_SQLSTATES:
         return Verdict(True, "database_transient", f"{TRANSIENT_SQLSTATES[sqlstate]}: {reason}")
     if sqlstate is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        return Verdict(True, "database_connection_lost", reason)
+        return _classify_connection_failure(reason)
     if sqlstate and sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES:
         return Verdict(True, "database_connection_lost", reason)
     if isinstance(exc, psycopg.IntegrityError):
         return Verdict(False, "integrity_violation", reason)
     return Verdict(False, "database_error", reason)
+
+
+def refused_by_the_server(message: str) -> bool:
+    """Whether libpq's ``message`` says the server answered and will not serve us (a setting of
+    ours, or too many clients) rather than that it is away: waiting does not cure it."""
+    return not _classify_connection_failure(message).outage
+
+
+def _classify_connection_failure(reason: str) -> Verdict:
+    """A connection that broke or could not be opened, as libpq says it (no SQLSTATE). Only the
+    database being away (refused, reset, timed out, shutting down or starting up) is an
+    outage; a server that answers and refuses us is a setting of ours (or too many clients)."""
+    message = reason.lower()
+    for sign, what in REFUSED_BY_THE_SERVER.items():
+        if sign in message:
+            return Verdict(False, "configuration_error", f"{what}: {reason}")
+    if any(sign in message for sign in TOO_MANY_CLIENTS):
+        return Verdict(True, "database_transient", f"too many connections: {reason}")
+    return Verdict(True, "database_connection_lost", reason)
 
 
 def _sqlite_is_busy(exc: sqlite3.Error) -> bool:

@@ -95,7 +95,7 @@ def retry_or_fail(
     retries = _retries_before(context, step, policy)
     outage_waited = sum(r.get("wait_seconds", 0.0) for r in retries if r.get("outage"))
     attempt = sum(not r.get("outage") for r in retries) + 1
-    if not verdict.transient or policy.max_attempts <= 1:
+    if not verdict.retried_by_step or policy.max_attempts <= 1:
         return failure_for(step, verdict, attempt, policy)
     if verdict.outage:
         if outage_waited >= policy.outage_seconds:
@@ -150,7 +150,7 @@ def failure_for(step: StepContext, verdict: Verdict, attempt: int, policy: Retry
         headline = (f"{step.describe()}: {verdict.kind.replace('_', ' ')} for "
                     f"{outage_waited:.0f} s, past the {policy.outage_seconds:.0f} s a step rides "
                     f"out ({OUTAGE_SETTING}); nothing of this step was committed")
-    elif verdict.transient:
+    elif verdict.retried_by_step:
         headline = (
             f"{step.describe()}: source unavailable after {attempt} attempts"
             if verdict.kind in {"source_unavailable", "rate_limited", "timeout", "network"}

@@ -161,9 +161,19 @@ class ParsedRows:
 
     def as_frame(self) -> pd.DataFrame:
         """The rows as a frame (built here, when a step or a test reads them)."""
-        from mostovik_pipelines.framework.quality.validation import columns_frame
-
         return columns_frame(self.frame) if isinstance(self.frame, Mapping) else self.frame
+
+
+
+def columns_frame(columns: Mapping[str, list]) -> pd.DataFrame:
+    """A frame of columns given as lists (:attr:`.ParsedRows.frame`); without rows, its columns
+    hold objects (as a frame declared with no data), not floats. Pandas is imported here, when a
+    step or a test builds a frame, not when a declaration is loaded."""
+    import pandas as pd
+
+    if not any(len(values) for values in columns.values()):
+        return pd.DataFrame(columns=list(columns))
+    return pd.DataFrame(columns)
 
 
 @dataclass(frozen=True)

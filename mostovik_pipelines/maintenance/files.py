@@ -8,17 +8,18 @@ and the one its stored rows came from (``reuse_landed`` re-transforms it, and it
 latest when a later fetch was rejected), and what a run that may still be re-executed landed.
 
 A directory or blob is removed in two moves: renamed aside (``.pruning-...``), then deleted, so
-a prune killed between the two leaves a name no reader opens, which the next prune deletes.
+a prune killed between the two leaves a name no reader opens, which the next prune deletes. On
+object storage (:mod:`mostovik_pipelines.resources.stores`: the same calls, through the same
+interface) a blob is moved aside the same way (a copy, then a removal); a run's op outputs are
+deleted in place, object by object, since a rename would copy them all: a prune killed half way
+leaves the rest of a run the policy already gave up, which the next prune finds and removes.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 from dagster import DagsterInstance
 
@@ -32,12 +33,13 @@ from mostovik_pipelines.resources.landing import (
     latest_fetch_record,
     read_fetch_record,
 )
+from mostovik_pipelines.resources.stores import StorePath, move, on_object_store, remove_tree
 
 RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 DETACHED = ".pruning-"
 
 
-def stale_op_outputs(base_dir: Path, facts: RunFacts, policy: RetentionPolicy,
+def stale_op_outputs(base_dir: StorePath, facts: RunFacts, policy: RetentionPolicy,
                      now: datetime) -> list[Removal]:
     """Op outputs of a run no recovery path can use any more: a successful run's after the
     grace (a run is only re-executed whole), a failed run's once it may no longer be
@@ -47,7 +49,7 @@ def stale_op_outputs(base_dir: Path, facts: RunFacts, policy: RetentionPolicy,
     for path in _children(base_dir):
         if path.name.startswith(DETACHED):
             removals.append(Removal(OP_OUTPUTS, str(path), _size(path),
-                                    lambda path=path: shutil.rmtree(path, ignore_errors=True)))
+                                    lambda path=path: remove_tree(path)))
             continue
         if not RUN_ID.match(path.name) or not path.is_dir():
             continue  # not a run's outputs (an asset's would be named after it): not ours
@@ -61,7 +63,7 @@ def stale_op_outputs(base_dir: Path, facts: RunFacts, policy: RetentionPolicy,
     return removals
 
 
-def old_fetch_records(base_dir: Path, facts: RunFacts, policy: RetentionPolicy,
+def old_fetch_records(base_dir: StorePath, facts: RunFacts, policy: RetentionPolicy,
                       now: datetime, stored: StoredPayloads) -> list[Removal]:
     """Fetch records older than ``keep_landed``, except each partition's latest (picked as
     :meth:`LandingStoreResource.latest` picks it), the one its stored rows came from (what
@@ -92,7 +94,8 @@ class StoredPayloads:
         self._instance = instance
         self._by_source: dict[str, dict[str, str]] = {}
 
-    def record_behind_rows(self, fetches: Path, latest: LandedPayload) -> Path | None:
+    def record_behind_rows(self, fetches: StorePath,
+                           latest: LandedPayload) -> StorePath | None:
         """The partition's fetch record its stored rows came from (``latest``: its latest
         record, which names the source and the partition in full)."""
         if latest.source not in self._by_source:
@@ -101,7 +104,7 @@ class StoredPayloads:
         return fetch_record_of(fetches, content_hash) if content_hash else None
 
 
-def unreferenced_blobs(base_dir: Path, removed_records: set[str], policy: RetentionPolicy,
+def unreferenced_blobs(base_dir: StorePath, removed_records: set[str], policy: RetentionPolicy,
                        now: datetime) -> list[Removal]:
     """Blobs no remaining fetch record points to: content nobody can reach. One written within
     the grace is left alone (a fetch lands its blob just before its record)."""
@@ -121,7 +124,7 @@ def unreferenced_blobs(base_dir: Path, removed_records: set[str], policy: Retent
     return removals
 
 
-def stale_frames(base_dir: Path, facts: RunFacts, policy: RetentionPolicy,
+def stale_frames(base_dir: StorePath, facts: RunFacts, policy: RetentionPolicy,
                  now: datetime) -> list[Removal]:
     """Validated pages a load step keeps beside its pages until it is done with them: scratch
     of its run. A finished run's are left over (a killed or failed load); a re-execution
@@ -140,54 +143,63 @@ def stale_frames(base_dir: Path, facts: RunFacts, policy: RetentionPolicy,
     return removals
 
 
-def _remove_blob(blob: Path) -> None:
+def _remove_blob(blob: StorePath) -> None:
     """Rename the blob aside, then delete it unless a fetch record names it by now (a fetch of
     the same bytes landing meanwhile): then it goes back. A fetch whose record was written
     after that look finds its blob gone and lands it again (:meth:`LandingStoreResource.land`)."""
     detached = blob.with_name(f"{DETACHED}{blob.name}")
     try:
-        os.replace(blob, detached)
+        move(blob, detached)
     except FileNotFoundError:
         return
     records = fetch_records(blob.parent.parent / "fetches")
     if any(read_fetch_record(record).content_hash == blob.stem for record in records
            if blob.stem[:12] in record.name):
-        os.replace(detached, blob)
+        move(detached, blob)
     else:
         detached.unlink(missing_ok=True)
 
 
-def _remove_tree(path: Path) -> None:
+def _remove_tree(path: StorePath) -> None:
+    if on_object_store(path):
+        remove_tree(path)
+        return
     detached = path.with_name(f"{DETACHED}{path.name}")
     try:
-        os.replace(path, detached)
+        move(path, detached)
     except FileNotFoundError:
         return
-    shutil.rmtree(detached, ignore_errors=True)
+    remove_tree(detached)
 
 
-def _partitions(base_dir: Path) -> Iterator[Path]:
+def _partitions(base_dir: StorePath) -> Iterator[StorePath]:
     for source in _children(base_dir):
         yield from (partition for partition in _children(source) if partition.is_dir())
 
 
-def _children(folder: Path) -> list[Path]:
+def _children(folder: StorePath) -> list[StorePath]:
     try:
         return sorted(folder.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return []
 
 
-def _modified(path: Path) -> datetime:
+def _modified(path: StorePath) -> datetime:
     """When ``path`` was last written; one removed meanwhile (a load step discarding its frame)
-    counts as written now, so it is left alone."""
+    counts as written now, so it is left alone. A folder on object storage is a prefix with no
+    time of its own: its newest object's."""
     try:
+        if on_object_store(path) and path.is_dir():
+            times = [child.stat().st_mtime for child in path.rglob("*") if child.is_file()]
+            if not times:
+                raise FileNotFoundError(str(path))  # an empty prefix is no folder at all
+            return datetime.fromtimestamp(max(times), UTC)
         return datetime.fromtimestamp(path.stat().st_mtime, UTC)
     except FileNotFoundError:
         return datetime.now(UTC).replace(year=9999)
 
 
-def _size(path: Path) -> int:
+def _size(path: StorePath) -> int:
     try:
         if path.is_file():
             return path.stat().st_size

@@ -18,6 +18,8 @@ from dagster import (
 from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
 
 PRUNE_JOB = "prune_storage_job"
+PRUNED_BYTES_PREFIX = "mostovik/pruned_bytes/"
+"""Metadata of the prune's engine event: the bytes it removed from each store."""
 PRUNE_SCHEDULE = "prune_storage_daily"
 MAX_RUNTIME_SECONDS = 3600
 
@@ -30,18 +32,32 @@ def maintenance_definitions(check_keys: Sequence[AssetCheckKey]) -> Definitions:
         description="Remove what the retention policy no longer keeps: op outputs, landed "
                     "payloads, old runs (README, 'Retention').")
     def prune_storage(context: OpExecutionContext) -> None:
-        from pathlib import Path
+        from dagster import MetadataValue
 
+        from mostovik_pipelines.framework.dagster_compat import EngineEventData
+        from mostovik_pipelines.maintenance.policy import RUNS
         from mostovik_pipelines.maintenance.prune import prune
+        from mostovik_pipelines.resources.stores import store_path
 
         report = prune(
             context.instance,
-            landing_dir=Path(getattr(context.resources, LANDING_KEY).base_dir),
-            op_output_dir=Path(context.resources.io_manager.base_dir),
+            landing_dir=store_path(getattr(context.resources, LANDING_KEY).base_dir),
+            op_output_dir=store_path(context.resources.io_manager.base_dir),
             check_keys=check_keys,
         )
         for line in report.lines():
             context.log.info(line)
+        # What `mostovik metrics` reads as the last prune's bytes, per store (runs are rows of
+        # run storage, not counted in bytes).
+        pruned_bytes = {store: size for store, size in report.size_bytes.items() if store != RUNS}
+        context.instance.report_engine_event(
+            "pruned " + ", ".join(f"{size} bytes of {store}"
+                                  for store, size in pruned_bytes.items()),
+            context.run,
+            EngineEventData({f"{PRUNED_BYTES_PREFIX}{store}": MetadataValue.int(size)
+                             for store, size in pruned_bytes.items()}),
+            step_key=context.get_step_execution_context().step.key,
+        )
 
     @job(name=PRUNE_JOB, executor_def=in_process_executor,
          tags={"mostovik/job_type": "maintenance",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
 from dagster import AssetCheckKey, DagsterInstance
 
@@ -37,9 +36,10 @@ from mostovik_pipelines.maintenance.files import (
 )
 from mostovik_pipelines.maintenance.policy import PruneReport, Removal, RetentionPolicy
 from mostovik_pipelines.maintenance.runs import RunFacts, old_runs, orphaned_event_log_files
+from mostovik_pipelines.resources.stores import StorePath
 
 
-def plan_prune(instance: DagsterInstance, *, landing_dir: Path, op_output_dir: Path,
+def plan_prune(instance: DagsterInstance, *, landing_dir: StorePath, op_output_dir: StorePath,
                check_keys: Sequence[AssetCheckKey], policy: RetentionPolicy,
                now: datetime) -> list[Removal]:
     """Everything a prune at ``now`` removes, in the order it removes it."""
@@ -56,7 +56,7 @@ def plan_prune(instance: DagsterInstance, *, landing_dir: Path, op_output_dir: P
     ]
 
 
-def prune(instance: DagsterInstance, *, landing_dir: Path, op_output_dir: Path,
+def prune(instance: DagsterInstance, *, landing_dir: StorePath, op_output_dir: StorePath,
           check_keys: Sequence[AssetCheckKey], policy: RetentionPolicy | None = None,
           now: datetime | None = None, dry_run: bool = False,
           before_removal: Callable[[Removal], None] | None = None) -> PruneReport:

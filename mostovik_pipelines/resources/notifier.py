@@ -5,7 +5,8 @@ Mattermost-style incoming webhooks show as the message.
 The webhook URL is a secret (such URLs carry their token): it is read through ``EnvVar``, never
 logged, never put in an alert. An alert holds what an operator needs to act and nothing more:
 source, period, job status, the error's class and message (already free of credentials, see
-the security tests), and a link to the run or asset in the Dagster UI.
+the security tests), a link to the run or asset in the Dagster UI, and for a run someone asked
+for, who and why.
 
 A webhook that fails transiently (connection refused, timeout, 429, 5xx) is retried through the
 project's one retry policy and classifier; when it still fails, the error is logged with the
@@ -52,10 +53,16 @@ class Alert:
     """The run (or the asset) in the Dagster UI."""
     run_id: str | None = None
     code_location: str = "mostovik_pipelines"
+    requested_by: str | None = None
+    """Who asked for the run, when someone did (an operator's re-run)."""
+    reason: str | None = None
+    """Why they asked for it."""
 
     def summary(self) -> str:
+        asked = (f" [asked by {self.requested_by or '-'}: {self.reason or '-'}]"
+                 if self.requested_by or self.reason else "")
         return (f"ALERT {self.kind}: {self.source or '-'} [{self.period or '-'}] "
-                f"{self.job_status}: {self.message} ({self.link})")
+                f"{self.job_status}: {self.message}{asked} ({self.link})")
 
 
 class AlertNotifierResource(ConfigurableResource):

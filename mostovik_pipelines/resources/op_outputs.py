@@ -1,8 +1,11 @@
 """Where each step hands its output to the next: Dagster's file-system I/O manager (pickles under
-``MOSTOVIK_STORAGE_DIR``, shared by every worker), with its disk's faults classified as the
-landing store's are. A full disk (``ENOSPC``, a quota) fails the step as transient and it is
-retried with backoff, since space can come back; a read-only one fails it at once, for an
-operator to act. Either way the error names the file, and a pickle cut short is removed: a
+``MOSTOVIK_STORAGE_DIR``, shared by every worker: a directory, or ``s3://bucket/prefix`` reached
+through universal_pathlib and s3fs, :mod:`.stores`), with its store's faults classified as the
+landing store's are. An object store that does not answer (a restart, a network cut) is an
+outage, ridden out in place for the step's outage budget, as the warehouse's is. A full disk
+(``ENOSPC``, a quota) fails the step as transient and it is retried with backoff, since space
+can come back; a read-only one fails it at once, for an operator to act. Either way the error
+names the file, and a pickle cut short is removed (an upload cut short leaves no object): a
 re-execution from failure runs the step that failed again, so nothing half-written is read.
 
 The retention prune (:mod:`mostovik_pipelines.maintenance`) removes a finished run's outputs
@@ -12,7 +15,8 @@ naming the run and the setting (:class:`OpOutputPruned`), and loads nothing."""
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
+import time
+from collections.abc import Callable
 from typing import Any
 
 from dagster import (
@@ -26,7 +30,9 @@ from dagster import (
 from mostovik_pipelines.framework.dagster_compat import PickledObjectFilesystemIOManager
 from mostovik_pipelines.framework.errors import PermanentError, classify
 from mostovik_pipelines.framework.retries import RetryPolicy, StepContext, failure_for
+from mostovik_pipelines.framework.runs.claims import ensure_run_claim
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.resources.stores import store_options
 from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV
 
 
@@ -50,13 +56,15 @@ class OpOutputStore(FilesystemIOManager):
 
 class _ClassifiedPickles(PickledObjectFilesystemIOManager):
     def __init__(self, policy: RetryPolicy, base_dir: str) -> None:
-        super().__init__(base_dir=base_dir)
+        # Another worker writes the same bucket: its listings are never cached (:mod:`.stores`).
+        super().__init__(base_dir=base_dir, **store_options(base_dir))
         self.policy = policy
         self.base_dir = base_dir
 
     def load_from_path(self, context: InputContext, path) -> Any:
         try:
-            return super().load_from_path(context, path)
+            return self._riding_out_outages(
+                context, lambda: super(_ClassifiedPickles, self).load_from_path(context, path))
         except FileNotFoundError as missing:
             upstream = context.upstream_output
             run_id = upstream.run_id if upstream is not None else "?"
@@ -69,17 +77,47 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
                 "--source S --period P, or the UI's re-execute all steps)") from missing
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
+        # The fence: a run that lost its claim hands nothing on (RunClaimLost fails the step).
+        ensure_run_claim(context.run_id)
         try:
-            super().handle_output(context, obj)
+            self._riding_out_outages(
+                context, lambda: super(_ClassifiedPickles, self).handle_output(context, obj))
         except OSError as error:
             raise self._retry_or_fail(context, error) from error
+
+    def _riding_out_outages(self, context: InputContext | OutputContext, call: Callable[[], Any],
+                            ) -> Any:
+        """``call()``, again with backoff while the object store does not answer, for up to the
+        step's outage budget; past it, the step fails as transient naming the outage. A write
+        that did not complete left no object (an upload is whole or absent), so trying again is
+        safe."""
+        started = time.monotonic()
+        outages = 0
+        while True:
+            try:
+                return call()
+            except Exception as error:
+                verdict = classify(error)
+                if not verdict.outage:
+                    raise
+                waited = time.monotonic() - started
+                if waited >= self.policy.outage_seconds:
+                    raise failure_for(_step(context), verdict, outages + 1, self.policy,
+                                      waited) from error
+                outages += 1
+                wait = min(self.policy.wait_seconds(outages),
+                           self.policy.outage_seconds - waited)
+                context.log.warning(f"{_step(context).describe()}: {verdict.reason}; retrying "
+                                    f"in {wait:.1f}s, {waited + wait:.0f} s of an outage of up "
+                                    f"to {self.policy.outage_seconds:.0f} s ridden out")
+                time.sleep(wait)
 
     def dump_to_path(self, context: OutputContext, obj: Any, path) -> None:
         try:
             super().dump_to_path(context, obj, path)
         except OSError as error:
             with contextlib.suppress(OSError):
-                Path(path).unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
             # Named here: the file system layer under the I/O manager drops the file name.
             raise OSError(error.errno, error.strerror, str(path)) from error
 
@@ -87,11 +125,8 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
         """A retry of the step while the fault is transient and attempts are left, else its
         final failure naming the file."""
         verdict = classify(error)
-        step_context = context.step_context
-        attempt = step_context.previous_attempt_count + 1
-        step = StepContext(source=context.step_key.split(".", 1)[0],
-                           partition_key=_partitions(step_context.run_tags),
-                           step=f"{context.step_key}, output {context.name!r}")
+        attempt = context.step_context.previous_attempt_count + 1
+        step = _step(context)
         if verdict.transient and attempt < self.policy.max_attempts:
             wait = self.policy.wait_seconds(attempt)
             context.log.warning(f"{step.describe()}: attempt {attempt} of "
@@ -99,6 +134,16 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
                                 f"{verdict.reason}); retrying in {wait:.1f}s")
             return RetryRequested(max_retries=self.policy.max_attempts - 1, seconds_to_wait=wait)
         return failure_for(step, verdict, attempt, self.policy)
+
+
+def _step(context: InputContext | OutputContext) -> StepContext:
+    step_context = context.step_context
+    step_key = step_context.step.key
+    what = (f"output {context.name!r}" if isinstance(context, OutputContext)
+            else f"input {context.name!r}")
+    return StepContext(source=step_key.split(".", 1)[0],
+                       partition_key=_partitions(step_context.run_tags),
+                       step=f"{step_key}, {what}")
 
 
 def _partitions(tags: dict[str, str]) -> str:

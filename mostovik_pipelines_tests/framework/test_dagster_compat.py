@@ -112,3 +112,26 @@ def test_a_local_instance_keeps_a_file_per_run_that_deleting_its_events_leaves(t
         assert not instance.all_logs(run_id) and (shards / f"{run_id}.db").is_file()
     with DagsterInstance.ephemeral() as instance:
         assert compat.run_event_log_dir(instance) is None
+
+
+def test_a_postgres_storage_engine_is_the_one_its_calls_use_and_the_webserver_swaps_it(postgres):
+    import uuid
+
+    import psycopg
+    import sqlalchemy
+    from dagster_postgres import PostgresRunStorage
+
+    database = f"runs_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {database}")
+    storage = PostgresRunStorage(postgres.url(database, driver="psycopg2"))
+    statements = []
+    engine = compat.storage_engine(storage)
+    sqlalchemy.event.listen(engine, "before_cursor_execute",
+                            lambda *args: statements.append(args[2]))
+    storage.get_runs()
+    assert any("runs" in statement for statement in statements)
+
+    storage.optimize_for_webserver(statement_timeout=0, pool_recycle=60, max_overflow=1)
+    assert compat.storage_engine(storage) is not engine
+    assert isinstance(compat.storage_engine(storage), sqlalchemy.engine.Engine)

@@ -1,13 +1,13 @@
 """The one-time set-up of a machine for the test servers, done once and checked, never raced.
 
-The tests start throw-away PostgreSQL and Redis servers. They need the servers' binaries (the
-Debian packages ``postgresql`` and ``redis-server``), libfaketime (``faketime``: the fake clock
-the daemon's schedule tests run on) and, when run as root, a system user that
-owns the PostgreSQL cluster (``initdb`` refuses to run as root). ``make system-deps`` runs this
-module once, before any test worker starts: it installs what is missing (as root, with apt),
-creates the user, and checks that the user can run ``initdb``. Anything a test worker may still
-find missing (pytest started by hand) is set up under one file lock, so two workers never race
-to create the same user.
+The tests start throw-away PostgreSQL, Redis and Prometheus servers. They need the servers'
+binaries (the Debian packages ``postgresql``, ``redis-server`` and ``prometheus``), libfaketime
+(``faketime``: the fake clock the daemon's schedule tests run on) and, when run as root, a
+system user that owns the PostgreSQL cluster (``initdb`` refuses to run as root).
+``make system-deps`` runs this module once, before any test worker starts: it installs what is
+missing (as root, with apt), creates the user, and checks that the user can run ``initdb``.
+Anything a test worker may still find missing (pytest started by hand) is set up under one file
+lock, so two workers never race to create the same user.
 
 As a non-root user nothing is created: the servers run as that user, and a missing binary is
 named with the command that installs it.
@@ -31,9 +31,9 @@ SERVER_USER = "mostovik-pg"
 """Owns the throw-away PostgreSQL clusters when the tests run as root."""
 SETUP_LOCK = Path(tempfile.gettempdir()) / "mostovik-test-machine.lock"
 PACKAGES = {"initdb": "postgresql", "pg_ctl": "postgresql", "redis-server": "redis-server",
-            "faketime": "faketime"}
+            "faketime": "faketime", "prometheus": "prometheus"}
 """Each binary the tests start, and the Debian package that brings it (``faketime`` brings the
-libfaketime that support/fake_clock.py preloads)."""
+libfaketime that support/fake_clock.py preloads; ``prometheus`` scrapes `mostovik metrics`)."""
 ROOT_PACKAGES = {"s3fs": "s3fs"}
 """What only root's tests use (mounting object storage with FUSE): installed when run as root,
 not asked for otherwise."""

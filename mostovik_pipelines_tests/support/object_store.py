@@ -1,8 +1,16 @@
-"""Object storage seen through a POSIX view, as deploy/README allows for the shared stores: an S3
-API server (moto's, a process of its own on 127.0.0.1) with one bucket per store, each mounted
-with s3fs-fuse where the store's directory would be. What a prune did is then read twice:
-through the mount, as the code sees it, and as the bucket's objects, as the operator's S3
-console shows them. Mounting needs root (FUSE); :func:`why_no_object_store` says why not."""
+"""Object storage for the tests: an S3 API server (moto's, a process of its own on 127.0.0.1).
+
+Two ways of using it. :class:`S3ApiServer` is the server the stores reach natively, over the S3
+API (``s3://bucket/prefix``), with the throw-away credentials and endpoint handed to the code
+through the ``AWS_*`` environment only, as a deployment does; it can be stopped and started
+again on the same port, for an outage. moto keeps its buckets in the memory of the process that
+serves them: a server of its own process comes back empty, so an outage test serves from a
+thread of the test's process (``keeps_buckets_across_restarts``), whose buckets come back
+with it, as a real store's do. :func:`mounted_buckets` mounts a bucket per store with
+s3fs-fuse where the store's directory would be, deploy/README's other option; what a prune did
+is then read twice: through the mount, as the code sees it, and as the bucket's objects, as the
+operator's S3 console shows them. Mounting needs root (FUSE); :func:`why_no_object_store` says
+why not."""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +43,78 @@ def why_no_object_store() -> str | None:
     return None
 
 
+def why_no_s3_api() -> str | None:
+    """None where :class:`S3ApiServer` and the stores' S3 client can work here, else why not."""
+    try:
+        import boto3  # noqa: F401
+        import moto.server  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError as missing:
+        return f"the S3 API server or client is missing ({missing}): `make install-dev`"
+    return None
+
+
+class S3ApiServer:
+    """moto's S3 API server on 127.0.0.1, with credentials of its own: :attr:`environment` is
+    what a process of the deployment needs to reach it (``AWS_*`` variables only)."""
+
+    def __init__(self, keeps_buckets_across_restarts: bool = False) -> None:
+        self.in_process = keeps_buckets_across_restarts
+        self._threaded = None
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        key, secret = secrets.token_hex(8), secrets.token_urlsafe(24)
+        self.secret = secret
+        self.environment = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+                            "AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
+        self._server: subprocess.Popen | None = None
+        self.buckets: Buckets | None = None
+
+    def start(self) -> S3ApiServer:
+        if self.in_process:
+            from moto.server import ThreadedMotoServer
+
+            first = self._threaded is None
+            self._threaded = ThreadedMotoServer("127.0.0.1", self.port, verbose=False)
+            self._threaded.start()
+            self.buckets = Buckets(self.endpoint, self.environment)
+            if first:  # the process's buckets of an earlier test are not this server's
+                urllib.request.urlopen(urllib.request.Request(
+                    f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30).close()
+            return self
+        self._server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.buckets = _when_serving(self._server, self._log,
+                                     lambda: Buckets(self.endpoint, self.environment))
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (an outage of the store): it refuses connections until
+        :meth:`start` brings it back."""
+        if self._threaded is not None:
+            self._threaded.stop()
+            self._threaded._server.server_close()  # stop() leaves the port listening
+            return
+        if self._server is not None and self._server.poll() is None:
+            self._server.terminate()
+            try:
+                self._server.wait(10)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait(10)
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+
+    def bucket(self, name: str) -> str:
+        """Create the bucket ``name``; its URL."""
+        self.buckets.client.create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+
 class Buckets:
     """The buckets behind the mounts, read over the S3 API."""
 
@@ -45,11 +126,13 @@ class Buckets:
             aws_access_key_id=environment["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=environment["AWS_SECRET_ACCESS_KEY"])
 
-    def objects(self, name: str) -> set[str]:
-        """Every object's key in the bucket mounted at ``name``; s3fs's directory markers (keys
-        ending in ``/``) left out."""
+    def objects(self, name: str, prefix: str = "") -> set[str]:
+        """Every object's key in the bucket mounted at ``name`` (or named ``name``), under
+        ``prefix``; s3fs's directory markers (keys ending in ``/``) left out."""
         keys = set()
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket_for(name)):
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket_for(name),
+                                                                      Prefix=prefix)
+        for page in pages:
             keys.update(item["Key"] for item in page.get("Contents", []))
         return {key for key in keys if not key.endswith("/")}
 
@@ -59,37 +142,22 @@ def mounted_buckets(work_dir: Path, names: tuple[str, ...]) -> Iterator[Buckets]
     """A bucket per name, mounted at ``work_dir / name``; unmounted and the server stopped on
     the way out. A name may be a relative path (``killed/landing``): its bucket is
     :func:`bucket_for` it."""
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    # Credentials of the throw-away server, handed to s3fs through its environment only.
-    key, secret = secrets.token_hex(8), secrets.token_urlsafe(24)
-    environment = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
-                   "AWSACCESSKEYID": key, "AWSSECRETACCESSKEY": secret}
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                                   str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        with _stopped_after(server):
-            buckets = _when_serving(server, log, lambda: Buckets(endpoint, environment))
-            with _mounted(buckets, names, work_dir, endpoint, environment):
-                yield buckets
+    server = S3ApiServer().start()
+    credentials = server.environment
+    # Handed to s3fs-fuse through its environment only, under the names it reads.
+    environment = {**os.environ, **credentials,
+                   "AWSACCESSKEYID": credentials["AWS_ACCESS_KEY_ID"],
+                   "AWSSECRETACCESSKEY": credentials["AWS_SECRET_ACCESS_KEY"]}
+    try:
+        with _mounted(server.buckets, names, work_dir, server.endpoint, environment):
+            yield server.buckets
+    finally:
+        server.close()
 
 
 def bucket_for(name: str) -> str:
     """The bucket mounted at ``name`` (a bucket's name holds no ``/``)."""
     return name.replace("/", "-")
-
-
-@contextlib.contextmanager
-def _stopped_after(server: subprocess.Popen) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 @contextlib.contextmanager

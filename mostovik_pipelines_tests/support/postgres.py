@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,8 +38,9 @@ def free_port() -> int:
 
 
 class ThrowawayPostgres:
-    def __init__(self, server_user: str = SERVER_USER) -> None:
+    def __init__(self, server_user: str = SERVER_USER, max_connections: int = 300) -> None:
         self.server_user = server_user
+        self.max_connections = max_connections
         self.port = free_port()
         self.password = secrets.token_urlsafe(16)
         self.root = Path(tempfile.mkdtemp(prefix="mostovik-pg-"))
@@ -67,7 +69,7 @@ class ThrowawayPostgres:
         self._options = " ".join([
             f"-p {self.port}", f"-k {self.socket_dir}", "-c listen_addresses=127.0.0.1",
             "-c fsync=off", "-c full_page_writes=off",
-            "-c max_connections=300", "-c shared_buffers=256MB",
+            f"-c max_connections={self.max_connections}", "-c shared_buffers=256MB",
         ])
         self.resume()
         return self
@@ -119,3 +121,69 @@ def backend_waiting_on_a_lock(observer, query_like: str, timeout: float = 60) ->
             return row[0]
         time.sleep(0.05)
     return None
+
+
+def cut_claim_connections(observer, port: int) -> list[int]:
+    """Cut, as a network fault does, the sockets of the sessions holding a run's claim (a shared
+    advisory lock) on the server at ``port``, and only those: ``ss -K`` (root) kills the
+    client's end of each (found by its port, ``client_port`` in pg_stat_activity) and the server
+    sees the session end. Every other connection, and new ones, go on. The cut sessions' pids;
+    ``observer`` is an autocommit connection to the same server."""
+    rows = observer.execute(
+        "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+        "WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted").fetchall()
+    for _, client_port in rows:
+        subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(port),
+                        "sport", "=", str(client_port)], check=True, capture_output=True)
+    return [pid for pid, _ in rows]
+
+
+class PartitionableLink:
+    """A TCP relay on 127.0.0.1 to a server's ``port``, for the processes that should be cut
+    off from it alone: :meth:`cut` closes every relayed connection and refuses new ones (the
+    holder is partitioned from the database), while everyone connecting to ``port`` directly
+    goes on as before."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._guard = threading.Lock()
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            server = socket.create_connection(("127.0.0.1", self.target))
+            with self._guard:
+                self._sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def heal(self) -> None:
+        """Relay new connections again, on the same port (the route is back)."""
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        """Drop every relayed connection at once and refuse new ones from now on."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        self._listener.close()
+        with self._guard:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()

@@ -978,12 +978,19 @@ class DagsterServices:
 
     ``environment`` is added to this process's environment for both (and so for their code
     servers and run workers): the instance's settings and the code location's ``MOSTOVIK_*``.
+    ``code_location_module``'s ``defs`` is the location served (the project's by default).
     """
 
     def __init__(self, work_dir: Path, dagster_home: Path, environment: Mapping[str, str],
                  *, location_name: str = LOCATION_NAME,
-                 stopped_schedules: Sequence[str] = ()) -> None:
+                 stopped_schedules: Sequence[str] = (),
+                 workspace_file: Path | None = None,
+                 code_location_module: str = "mostovik_pipelines") -> None:
         self.work_dir = work_dir
+        self.given_workspace = workspace_file
+        """A workspace file to serve (e.g. deploy/workspace.yaml: a code server over gRPC)
+        instead of the package loaded by each service."""
+        self.code_location_module = code_location_module
         self.stopped_schedules = tuple(stopped_schedules)
         self.dagster_home = dagster_home
         self.environment = {**os.environ, **environment, "DAGSTER_HOME": str(dagster_home)}
@@ -1030,13 +1037,21 @@ class DagsterServices:
         self._wait_for_location(deadline)
         self._wait_for_daemons(deadline)
 
-    def kill_daemon(self) -> None:
+    def kill_daemon(self, with_its_group: bool = False) -> list[int]:
         """SIGKILL to the daemon process alone, as a crash: the code servers it started and
-        the runs they launched go on until they notice."""
+        the runs they launched go on until they notice. ``with_its_group``: to the daemon, its
+        code servers and the run workers they started, as a lost host or systemd's stop of the
+        unit (its whole control group) ends them. Returns the ids of the processes killed."""
         process = self._processes.pop("daemon")
-        process.kill()
+        killed = processes_in_group(process.pid) if with_its_group else [process.pid]
+        if with_its_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
         process.wait(timeout=10)
         self._left_behind.append(process.pid)
+        return killed
 
     def start_daemon(self, timeout: float = 180) -> None:
         """A new daemon, as systemd restarts one; returns once every daemon is healthy."""
@@ -1111,8 +1126,11 @@ class DagsterServices:
         )
 
     def _write_workspace(self) -> None:
+        if self.given_workspace is not None:
+            self.workspace_file.write_text(self.given_workspace.read_text())
+            return
         self.workspace_file.write_text(yaml.safe_dump({"load_from": [{"python_module": {
-            "module_name": "mostovik_pipelines",
+            "module_name": self.code_location_module,
             "attribute": "defs",
             "location_name": self.location_name,
             "working_directory": str(REPO),
@@ -1167,6 +1185,18 @@ class DagsterServices:
                     f"daemons not healthy in time: {json.dumps(unhealthy, indent=1)[:3000]}\n"
                     f"{self.log_tails()}")
             time.sleep(1)
+
+
+def processes_in_group(group: int) -> list[int]:
+    """The ids of the live processes of process group ``group``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ")".
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[2]) == group:
+                members.append(int(stat.parent.name))
+    return sorted(members)
 
 
 def _expect(result: Mapping[str, Any], typename: str) -> dict[str, Any]:

@@ -40,7 +40,9 @@ failure at any point leaves the partition, the ledger and the quarantine as they
    run, the fetch time. A page group of a sync records nothing: the ledger describes whole
    partitions.
 8. ``within_transaction``: what must commit with the rows (the quarantine, a sync's progress
-   checkpoint), then ``COMMIT``.
+   checkpoint); the fence: the run still holds its claim (:func:`.runs.claims.ensure_run_claim`,
+   also checked after step 1), else :class:`.errors.RunClaimLost` rolls it all back; then
+   ``COMMIT``.
 
 Merge-by-version never deletes by absence: deletions arrive as tombstone rows. Unchanged rows
 are never rewritten, so a re-run writes no tuple and keeps every row's bookkeeping.
@@ -72,6 +74,7 @@ from mostovik_pipelines.framework.load.ledger import (
 )
 from mostovik_pipelines.framework.load.lock import lock_partition
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
+from mostovik_pipelines.framework.runs.claims import ensure_run_claim
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 
 KEY_PROBES = 16
@@ -154,6 +157,7 @@ def load_partition(
         raise ValueError(f"{table_name}: only merge-by-version loads a partition page by page")
     with engine.begin() as connection:
         lock_partition(connection, table_name, scope)  # 1
+        ensure_run_claim(run_id)
         previous = last_load(connection, table_name, scope)  # 2
         if whole_partition:
             _refuse_older_payload(previous, fetched_at, target, partition_key)
@@ -172,7 +176,7 @@ def load_partition(
             if digest is not None and previous is not None and digest == previous.content_digest:
                 # 4: exactly what the last load wrote. Nothing to write, not even the ledger
                 # (the fetch it records is as good a bound as this one, for these very rows).
-                return _finish(connection, within_transaction, LoadCounts(
+                return _finish(connection, within_transaction, run_id, LoadCounts(
                     inserted=0, updated=0, unchanged=rows.num_rows, deleted=0))
             if _looks_new(connection, target, rows, partition_key, whole_partition):
                 counts = _copy_straight_in(connection, target, rows)  # 5
@@ -187,14 +191,15 @@ def load_partition(
             # rows must find them held again (for its quarantine).
             record_load(connection, table_name, scope, len(frame),  # 7
                         None if counts.held_elsewhere else digest, run_id, now, fetched_at)
-        return _finish(connection, within_transaction, counts)  # 8
+        return _finish(connection, within_transaction, run_id, counts)  # 8
 
 
 def _finish(connection: Connection,
             within_transaction: Callable[[Connection, LoadCounts], None] | None,
-            counts: LoadCounts) -> LoadCounts:
+            run_id: str, counts: LoadCounts) -> LoadCounts:
     if within_transaction is not None:
         within_transaction(connection, counts)
+    ensure_run_claim(run_id)  # the fence, just before the commit
     return counts
 
 

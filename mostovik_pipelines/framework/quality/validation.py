@@ -19,7 +19,7 @@ A source's transform checks its own format; these checks hold for every source:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -48,14 +48,6 @@ class ValidatedFrame:
     def row_number(self, index: int) -> int:
         """The payload position of the valid row at ``index``."""
         return int(self.row_numbers[index]) if self.row_numbers is not None else index + 1
-
-
-def columns_frame(columns: Mapping[str, list]) -> pd.DataFrame:
-    """A frame of columns given as lists (:attr:`.ParsedRows.frame`); without rows, its columns
-    hold objects (as a frame declared with no data), not floats."""
-    if not any(len(values) for values in columns.values()):
-        return pd.DataFrame(columns=list(columns))
-    return pd.DataFrame(columns)
 
 
 def validate_partition(

@@ -5,14 +5,15 @@
   code location, the implicit asset job of UI asset backfills included (Dagster matches runs
   launched through the location: the UI, schedules, sensors, backfills, re-executions; a run of
   ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
-  alert, built from the job view of :mod:`.tracking` (source, period, the classified error),
-  unless the daemon's run retries will run it again (its retry alerts if it fails too); the
-  partitions it failed for a permanent reason are named as waiting for an operator (nothing
-  asks for them again automatically, :mod:`..automation`); a run
-  that died without writing its final ``mostovik/status`` (it still says ``running``, or the
-  status its parent ended with) gets ``failed``, so the UI's run list filters it with the
-  others. ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert:
-  someone chose it).
+  alert, built from the job view of :mod:`.tracking` (source, period, the classified error,
+  and who asked for the run and why when it carries ``mostovik/requested_by`` and
+  ``mostovik/reason``), unless the daemon's run retries will run it again (its retry alerts
+  if it fails too); the partitions it failed for a permanent reason are named as waiting for
+  an operator (nothing asks for them again automatically, :mod:`..automation`); a run that
+  died without writing its final ``mostovik/status`` (it still says ``running``, or the status
+  its parent ended with) gets ``failed``, so the UI's run list filters it with the others.
+  ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert: someone
+  chose it).
 * ``freshness_alerts``: the daemon evaluates every source's ``FreshnessPolicy`` and records each
   change of state; this sensor alerts once each time a source turns FAIL (stale) and again only
   after it has been fresh in between.
@@ -33,6 +34,8 @@ from datetime import UTC, datetime
 from dagster import (
     AssetKey,
     AssetRecordsFilter,
+    DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
     FreshnessPolicy,
@@ -58,7 +61,7 @@ from mostovik_pipelines.framework.quality.shape import (
     OUTCOME_KEY,
     SHAPE_KEY,
 )
-from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG, STATUS_TAG
 from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
@@ -105,7 +108,6 @@ def _cancelled_runs_status() -> SensorDefinition:
 
 
 def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
-    by_name = {spec.name: spec for spec in sources}
     @run_failure_sensor(
         name="run_failure_alerts",
         description="One alert per failed run of any job of this code location (UI asset "
@@ -117,33 +119,47 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def run_failure_alerts(context: RunFailureSensorContext,
                            alert_notifier: AlertNotifierResource) -> None:
         run = context.dagster_run
+        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
+            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
         if run.tags.get(WILL_RETRY_TAG) == "true":
             # The daemon runs it again (a lost worker): the job has not failed yet. Its retry,
             # a run of its own, alerts if it fails too.
             context.log.info(f"run {run.run_id} failed and will be retried: no alert yet")
             return
-        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
-            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
-        job = load_job(context.instance, run.run_id, sources)
-        if job.errors and all(error.kind == SHAPE_CHANGED for error in job.errors):
+        alert = run_failure_alert(context.instance, run, sources, alert_notifier,
+                                  context.failure_event.message)
+        if alert is None:
             context.log.info(f"run {run.run_id} failed for its source's changed shape: said "
                              "once by source_shape_alerts")
             return
-        error = job.errors[0] if job.errors else None
-        spec = by_name.get(job.source or "")
-        waiting = waiting_for_operator(context.instance, spec, job.partitions, run.run_id) if (
-            spec) else []
-        alert_notifier.notify(Alert(
-            kind="run_failure", source=job.source, period=job.period,
-            job_status=JobStatus.FAILED.value,
-            error_class=error.error_class if error else "unclassified",
-            error_kind=error.kind if error else None,
-            message=((error.message if error else context.failure_event.message) or "")
-            + _what_comes_next(job.partitions, waiting),
-            link=alert_notifier.run_link(run.run_id), run_id=run.run_id,
-        ), context.log)
+        alert_notifier.notify(alert, context.log)
 
     return run_failure_alerts
+
+
+def run_failure_alert(instance: DagsterInstance, run: DagsterRun,
+                      sources: Sequence[SourceSpec], notifier: AlertNotifierResource,
+                      failure_message: str | None) -> Alert | None:
+    """The alert about a failed run: its source, period, first classified error (or the run's
+    ``failure_message``), the partitions waiting for an operator, and who asked for it and why;
+    ``None`` when it failed only for its source's changed shape (said by
+    ``source_shape_alerts``)."""
+    job = load_job(instance, run.run_id, sources)
+    if job.errors and all(error.kind == SHAPE_CHANGED for error in job.errors):
+        return None
+    error = job.errors[0] if job.errors else None
+    spec = next((spec for spec in sources if spec.name == job.source), None)
+    waiting = waiting_for_operator(instance, spec, job.partitions, run.run_id) if spec else []
+    return Alert(
+        kind="run_failure", source=job.source, period=job.period,
+        job_status=JobStatus.FAILED.value,
+        error_class=error.error_class if error else "unclassified",
+        error_kind=error.kind if error else None,
+        message=((error.message if error and error.message else failure_message) or "")
+        + _what_comes_next(job.partitions, waiting),
+        link=notifier.run_link(run.run_id), run_id=run.run_id,
+        requested_by=run.tags.get(REQUESTED_BY_TAG), reason=run.tags.get(REASON_TAG),
+    )
 
 
 def _what_comes_next(partitions: Sequence[str], waiting: Sequence[str]) -> str:

@@ -28,7 +28,7 @@ from dagster import (
     RunsFilter,
 )
 
-from mostovik_pipelines.framework.runs.claims import run_claim_held
+from mostovik_pipelines.framework.runs.claims import run_claim_gone, run_claim_held
 from mostovik_pipelines.framework.runs.tags import run_partitions
 
 IN_FLIGHT = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -41,8 +41,8 @@ has run past its source's ``max_runtime`` already (hours), and every claim check
 LAUNCH_GRACE_SECONDS = 10.0
 """A run that has not started a step and holds no claim counts as alive this long after it was
 created or last changed status: between its launch and the start of its executor (process
-start-up, loading the code). A run that started a step took its claim before: without it, it
-is dead at once."""
+start-up, loading the code). A run that started a step took its claim before: without it for
+:data:`.claims.CLAIM_GONE_SECONDS`, it is dead."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,9 @@ def _alive(instance: DagsterInstance, record: RunRecord) -> bool:
         return False
     if instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_START,
                                     limit=1).records:
-        return False
+        # It held its claim: free now, it may be taking it again after its connection dropped
+        # (the fence's grace), and only a claim that stays free is a dead run.
+        return not run_claim_gone(instance, run_id, taken_at=record.start_time)
     changed = max(record.create_timestamp.timestamp(), record.update_timestamp.timestamp(),
                   record.start_time or 0.0)
     return time.time() - changed < LAUNCH_GRACE_SECONDS

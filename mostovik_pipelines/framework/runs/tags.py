@@ -4,14 +4,13 @@ UI's run list by (source, job kind, period, status), and nothing else."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
 
 from dagster import PartitionKeyRange, PartitionsDefinition, TimeWindowPartitionsDefinition
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
-
-    from mostovik_pipelines.framework.spec import SourceSpec
 
 TAG_PREFIX = "mostovik/"
 SOURCE_TAG = f"{TAG_PREFIX}source"
@@ -43,9 +42,21 @@ FAILED_PERMANENTLY_KEY = f"{TAG_PREFIX}failed_permanently"
 # Written by `mostovik jobs rerun`:
 LAUNCHED_BY_TAG = f"{TAG_PREFIX}launched_by"
 RERUN_OF_TAG = f"{TAG_PREFIX}rerun_of"
+REQUESTED_BY_TAG = f"{TAG_PREFIX}requested_by"
+"""Who asked for the run (an operator's re-run): shown in the run list and in its alerts."""
+REASON_TAG = f"{TAG_PREFIX}reason"
+"""Why they asked for it, in their words: shown in the run list and in its alerts."""
 
 
-def business_tags(spec: SourceSpec) -> dict[str, str]:
+class TaggedSource(Protocol):
+    """What the tags read of a source's declaration (a :class:`.SourceSpec`), named here so
+    that the tags, which everything reads, import no declaration."""
+
+    name: str
+    job_type: Enum
+
+
+def business_tags(spec: TaggedSource) -> dict[str, str]:
     """Tags every run of the source's job carries: its job type and its source."""
     return {JOB_TYPE_TAG: spec.job_type.value, SOURCE_TAG: spec.name}
 

@@ -28,6 +28,7 @@ from mostovik_pipelines.framework.steps.outcomes import (
     StepOutcomes,
 )
 
+OBJECT_STORE_AWAY = "object_store_unreachable"
 CONCURRENT_RUN_POLL_SECONDS = 3.0
 """How often a run waiting for an older run of its partitions looks again. It waits between
 attempts of its step, holding no worker (a Celery worker is free for the run it waits for)."""
@@ -43,9 +44,27 @@ def running_step(context: OpExecutionContext, spec: SourceSpec) -> Iterator[None
             yield
         except RetryRequested:
             raise
+        except Exception as error:
+            if classify(error).kind != OBJECT_STORE_AWAY:
+                _mark_failed(context)
+                raise
+            # The object store away where no partition's own handling reached (the landing
+            # store's latest read before a fetch, a payload read before a parse): ridden out as
+            # an outage, as a fault inside a partition's handling is.
+            keys = context.partition_keys
+            scope = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
+            decision = retry_or_fail(context, StepContext(spec.name, scope, context.op.name),
+                                     RetryPolicy(), error)
+            if not isinstance(decision, RetryRequested):
+                _mark_failed(context)
+            raise decision from error
         except BaseException:
-            context.instance.add_run_tags(context.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+            _mark_failed(context)
             raise
+
+
+def _mark_failed(context: OpExecutionContext) -> None:
+    context.instance.add_run_tags(context.run_id, {STATUS_TAG: JobStatus.FAILED.value})
 
 
 def older_run_stops_this_one(context: OpExecutionContext, spec: SourceSpec) -> str | None:

@@ -4,6 +4,7 @@ result of every check of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
 from mostovik_pipelines.framework.steps.outcomes import (
     PartitionFailure,
     PartitionSkipped,
+    StepOutcomes,
     TransformedPages,
     TransformedPartition,
     page_cursor,
@@ -78,95 +80,136 @@ class PartitionLoad:
     sample: pd.DataFrame
     scratch: tuple[str, ...] = ()
     """Kept frames (paged partitions) to discard once the partition is checked."""
+    duration_seconds: float = 0.0
+    """From the start of the partition's load to its last commit."""
 
 
 def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: AssetKey,
-                     outcomes: dict) -> str:
-    """Load every partition, record its materialisation and check results, tag the run with
-    its ADR status; the status and figures as one line."""
+                    outcomes: StepOutcomes) -> str:
+    """Load every partition transform validated, record its materialisation and check results,
+    tag the run with its ADR status; the status and figures as one line. A partition that
+    fails its load or a blocking check fails the run after the others were loaded."""
     engine = getattr(context.resources, WAREHOUSE_KEY).engine()
     already_loaded = partitions_materialized_by_run(context, asset_key)
-    ranged = len(outcomes) > 1
-    skipped = [o for o in outcomes.values() if isinstance(o, PartitionSkipped)]
-    failed = [o for o in outcomes.values() if isinstance(o, PartitionFailure)]
+    ranged = len(outcomes.partitions) > 1
+    skipped, failed = outcomes.skipped(), outcomes.failed()
     loaded_values = [spec.load_target.partition_value(key) for key in already_loaded]
-    checked = {key.name for key in context.selected_asset_check_keys}
     rejected = 0
     totals: dict[str, int] = {}
-    for key, outcome in outcomes.items():
-        if not isinstance(outcome, TransformedPartition | TransformedPages) or (
-                key in already_loaded):
+    for key, outcome in outcomes.to_load().items():
+        if key in already_loaded:
             continue
-        started = time.monotonic()
-        try:
-            if isinstance(outcome, TransformedPages):
-                loaded = _load_pages(context, spec, engine, key, outcome)
-            else:
-                loaded = _load_whole(context, spec, engine, key, outcome)
-        except PartitionSuperseded as superseded:
-            context.log.warning(f"{spec.name} [{key}] superseded: {superseded}")
-            skipped.append(PartitionSkipped(key, f"superseded: {superseded}"))
+        loaded = _load_one(context, spec, engine, key, outcome, ranged)
+        if isinstance(loaded, PartitionSkipped):
+            skipped.append(loaded)
             continue
-        except Exception as exc:
-            failed.append(fail_or_set_aside(
-                context, StepContext(spec.name, key, "load"), spec.load_retry, exc, ranged))
+        if isinstance(loaded, PartitionFailure):
+            failed.append(loaded)
             continue
-        figures = loaded.figures
-        rejected += figures["rejected"]
-        for name, n in figures.items():
+        _record_materialisation(context, asset_key, key, outcome, loaded)
+        rejected += loaded.figures["rejected"]
+        for name, n in loaded.figures.items():
             if isinstance(n, int):
                 totals[name] = totals.get(name, 0) + n
-        # The materialisation is the partition's line in the run's log, with its figures.
-        context.log_event(AssetMaterialization(
-            asset_key=asset_key, partition=key,
-            metadata={
-                **{name: MetadataValue.int(n) if isinstance(n, int) else n
-                   for name, n in figures.items()},
-                "duration_seconds": MetadataValue.float(round(time.monotonic() - started, 3)),
-                "payload_bytes": MetadataValue.int(loaded.payload_bytes),
-                "content_hash": loaded.content_hash,
-                "preview": preview(loaded.sample),
-                **(shape_metadata(outcome.shape) if outcome.shape else {}),
-            },
-        ))
         loaded_values.append(spec.load_target.partition_value(key))
-        evaluations = [evaluation for evaluation in evaluate_partition(
-            engine, spec, key, context.run_id, loaded.received, loaded.received_rows,
-            loaded_values, context.instance, shape=outcome.shape)
-            if evaluation.check_name in checked]
-        for evaluation in evaluations:
-            context.log_event(evaluation)
-        for path in loaded.scratch:
-            getattr(context.resources, LANDING_KEY).discard_frame(path)
-        blocked = [e for e in evaluations if blocks(e)]
+        blocked = _check(context, spec, engine, key, outcome, loaded, loaded_values, ranged)
         if blocked:
-            failed.append(fail_or_set_aside(
-                context, StepContext(spec.name, key, "check"), NO_RETRY, PartitionCheckFailed(
-                    "; ".join(f"{e.check_name}: {e.description}" for e in blocked)), ranged))
+            failed.append(blocked)
             continue
-        _after_load(context, spec, key, "partial" if figures["rejected"] else "loaded")
-    if skipped or failed:
-        context.log_event(AssetObservation(asset_key=asset_key, metadata={
-            "mostovik/skipped": MetadataValue.json({o.partition_key: o.reason for o in skipped}),
-            "mostovik/failed": MetadataValue.json({o.partition_key: o.message for o in failed}),
-            FAILED_PERMANENTLY_KEY: MetadataValue.json(
-                [o.partition_key for o in failed if o.permanent]),
-        }))
+        _after_load(context, spec, key, "partial" if loaded.figures["rejected"] else "loaded")
+    _record_left_out(context, asset_key, skipped, failed)
     if failed:
-        shown = "; ".join(f.message for f in failed[:SHOWN_FAILURES])
-        raise Failure(
-            description=f"{spec.name}: {len(failed)} of {len(outcomes)} partitions "
-                        f"failed: {shown}",
-            metadata={"mostovik/failed_partitions": MetadataValue.json(
-                [f.partition_key for f in failed])},
-            allow_retries=False,
-        )
+        _fail_run(spec, failed, len(outcomes.partitions))
     status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
                                   ranged=ranged)
     context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
     figures = ", ".join(f"{name} {n}" for name, n in totals.items() if name in LOAD_COUNT_KEYS)
-    return (f"{spec.name}: job {status.value}; {len(outcomes)} partition(s)"
+    return (f"{spec.name}: job {status.value}; {len(outcomes.partitions)} partition(s)"
             + (f"; {figures}" if figures else ""))
+
+
+def _load_one(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
+              outcome: TransformedPartition | TransformedPages,
+              ranged: bool) -> PartitionLoad | PartitionSkipped | PartitionFailure:
+    """One partition's load: what it did, or why it was skipped (a newer load superseded it)
+    or failed (a ranged run sets the partition aside and goes on; a single one raises)."""
+    started = time.monotonic()
+    try:
+        if isinstance(outcome, TransformedPages):
+            loaded = _load_pages(context, spec, engine, key, outcome)
+        else:
+            loaded = _load_whole(context, spec, engine, key, outcome)
+        return dataclasses.replace(loaded, duration_seconds=time.monotonic() - started)
+    except PartitionSuperseded as superseded:
+        context.log.warning(f"{spec.name} [{key}] superseded: {superseded}")
+        return PartitionSkipped(key, f"superseded: {superseded}")
+    except Exception as exc:
+        return fail_or_set_aside(context, StepContext(spec.name, key, "load"), spec.load_retry,
+                                 exc, ranged)
+
+
+def _record_materialisation(context: OpExecutionContext, asset_key: AssetKey, key: str,
+                            outcome: TransformedPartition | TransformedPages,
+                            loaded: PartitionLoad) -> None:
+    """The materialisation is the partition's line in the run's log, with its figures."""
+    context.log_event(AssetMaterialization(
+        asset_key=asset_key, partition=key,
+        metadata={
+            **{name: MetadataValue.int(n) if isinstance(n, int) else n
+               for name, n in loaded.figures.items()},
+            "duration_seconds": MetadataValue.float(round(loaded.duration_seconds, 3)),
+            "payload_bytes": MetadataValue.int(loaded.payload_bytes),
+            "content_hash": loaded.content_hash,
+            "preview": preview(loaded.sample),
+            **(shape_metadata(outcome.shape) if outcome.shape else {}),
+        },
+    ))
+
+
+def _check(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
+           outcome: TransformedPartition | TransformedPages, loaded: PartitionLoad,
+           loaded_values: list, ranged: bool) -> PartitionFailure | None:
+    """Evaluate and record the partition's selected checks; the partition's failure when a
+    blocking one did not pass."""
+    checked = {check.name for check in context.selected_asset_check_keys}
+    evaluations = [evaluation for evaluation in evaluate_partition(
+        engine, spec, key, context.run_id, loaded.received, loaded.received_rows,
+        loaded_values, context.instance, shape=outcome.shape)
+        if evaluation.check_name in checked]
+    for evaluation in evaluations:
+        context.log_event(evaluation)
+    for path in loaded.scratch:
+        getattr(context.resources, LANDING_KEY).discard_frame(path)
+    blocked = [e for e in evaluations if blocks(e)]
+    if not blocked:
+        return None
+    return fail_or_set_aside(
+        context, StepContext(spec.name, key, "check"), NO_RETRY, PartitionCheckFailed(
+            "; ".join(f"{e.check_name}: {e.description}" for e in blocked)), ranged)
+
+
+def _record_left_out(context: OpExecutionContext, asset_key: AssetKey,
+                     skipped: list[PartitionSkipped], failed: list[PartitionFailure]) -> None:
+    """The partitions skipped and failed, as an observation the job view and the catch-up read
+    (the permanently failed ones wait for an operator)."""
+    if not (skipped or failed):
+        return
+    context.log_event(AssetObservation(asset_key=asset_key, metadata={
+        "mostovik/skipped": MetadataValue.json({o.partition_key: o.reason for o in skipped}),
+        "mostovik/failed": MetadataValue.json({o.partition_key: o.message for o in failed}),
+        FAILED_PERMANENTLY_KEY: MetadataValue.json(
+            [o.partition_key for o in failed if o.permanent]),
+    }))
+
+
+def _fail_run(spec: SourceSpec, failed: list[PartitionFailure], partitions: int) -> None:
+    shown = "; ".join(f.message for f in failed[:SHOWN_FAILURES])
+    raise Failure(
+        description=f"{spec.name}: {len(failed)} of {partitions} partitions failed: {shown}",
+        metadata={"mostovik/failed_partitions": MetadataValue.json(
+            [f.partition_key for f in failed])},
+        allow_retries=False,
+    )
 
 
 def _after_load(context: OpExecutionContext, spec: SourceSpec, key: str, outcome: str) -> None:

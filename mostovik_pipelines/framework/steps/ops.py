@@ -59,8 +59,8 @@ def load(context: OpExecutionContext, spec: SourceSpec, transformed: StepOutcome
     with running_step(context, spec):
         if inherited(context, transformed):
             reason = older_run_stops_this_one(context, spec)
-            outcomes = (stopped(context, reason).partitions if reason
-                        else redo(context, spec, transform=True))
+            outcomes = (stopped(context, reason) if reason
+                        else StepOutcomes(context.run_id, redo(context, spec, transform=True)))
         else:
-            outcomes = transformed.partitions
+            outcomes = transformed
         return load_partitions(context, spec, AssetKey(spec.name), outcomes)

@@ -96,13 +96,35 @@ class TransformedPages:
     """The pages' fields against the declaration's (:mod:`.quality.shape`)."""
 
 
+PartitionLeftOut = PartitionSkipped | PartitionFailure | PartitionLoaded
+"""A partition a step has nothing more to do for: skipped, failed, or loaded by the run a
+re-execution repeats; every later step passes it on as it is."""
+
+Extracted = LandedPayload | LandedPages | PartitionLeftOut
+"""What extract hands transform for a partition: its landed payload, or its landed pages."""
+
+Transformed = TransformedPartition | TransformedPages | PartitionLeftOut
+"""What transform hands load for a partition: its rows validated whole, or in page groups."""
+
+
 @dataclass(frozen=True)
 class StepOutcomes:
     """What a step hands to the next, per partition, and the run that produced it: a step of
     another run (a re-execution's inherited input) is history, never acted upon."""
 
     run_id: str
-    partitions: dict = field(default_factory=dict)
+    partitions: dict[str, Extracted | Transformed] = field(default_factory=dict)
+
+    def to_load(self) -> dict[str, TransformedPartition | TransformedPages]:
+        """The partitions transform validated rows for."""
+        return {key: outcome for key, outcome in self.partitions.items()
+                if isinstance(outcome, TransformedPartition | TransformedPages)}
+
+    def skipped(self) -> list[PartitionSkipped]:
+        return [o for o in self.partitions.values() if isinstance(o, PartitionSkipped)]
+
+    def failed(self) -> list[PartitionFailure]:
+        return [o for o in self.partitions.values() if isinstance(o, PartitionFailure)]
 
 
 def page_cursor(record: dict | None) -> PageCursor | None:

@@ -19,7 +19,7 @@ from mostovik_pipelines.framework.quality.shape import (
     judge,
     observation_metadata,
 )
-from mostovik_pipelines.framework.quality.validation import columns_frame, validate_partition
+from mostovik_pipelines.framework.quality.validation import validate_partition
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.spec import (
     ParsedRows,
@@ -27,6 +27,7 @@ from mostovik_pipelines.framework.spec import (
     RejectedRow,
     SourceSpec,
     TransformRequest,
+    columns_frame,
 )
 from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
 from mostovik_pipelines.framework.steps.outcomes import (

@@ -1,0 +1,119 @@
+"""The one code server of the production layout (deploy/systemd/mostovik-code-server.service) for
+tests: ``dagster code-server start`` on 127.0.0.1, in a session of its own, serving a module's
+``defs`` as the code location the webserver and the daemon reach over gRPC
+(deploy/workspace.yaml), and the UI's reload of that location.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from mostovik_pipelines_tests.support.postgres import free_port
+from mostovik_pipelines_tests.support.processes import DAGSTER
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
+from mostovik_pipelines_tests.support.webserver import (
+    LOCATION_NAME,
+    PYTHON_ERROR_FRAGMENT,
+    DagsterGraphQL,
+    GraphQLError,
+)
+
+WORKSPACE = Path(__file__).resolve().parents[2] / "deploy" / "workspace.yaml"
+PORT_SETTING = "MOSTOVIK_CODE_SERVER_PORT"
+STARTED_LINE = "Started Dagster code server"
+
+RELOAD_LOCATION_MUTATION = """
+  mutation ReloadRepositoryLocationMutation($location: String!) {
+    reloadRepositoryLocation(repositoryLocationName: $location) {
+      __typename
+      ... on WorkspaceLocationEntry {
+        id
+        loadStatus
+        locationOrLoadError {
+          __typename
+          ... on RepositoryLocation {
+            id
+          }
+          ...PythonErrorFragment
+        }
+      }
+      ... on UnauthorizedError {
+        message
+      }
+      ... on ReloadNotSupported {
+        message
+      }
+      ... on RepositoryLocationNotFound {
+        message
+      }
+      ...PythonErrorFragment
+    }
+  }
+""" + PYTHON_ERROR_FRAGMENT
+
+
+class CodeServer:
+    """``dagster code-server start`` of ``module``'s ``defs``, imported from ``working_dir``,
+    with its log under ``log_path``; the port is in :attr:`settings` as the env file names it."""
+
+    def __init__(self, module: str, working_dir: Path, log_path: Path) -> None:
+        self.module = module
+        self.working_dir = working_dir
+        self.log_path = log_path
+        self.port = free_port()
+        self.settings = {PORT_SETTING: str(self.port)}
+        self._process: subprocess.Popen | None = None
+
+    def start(self, environment: Mapping[str, str],
+              timeout: float = PROCESS_START_MARGIN_SECONDS) -> CodeServer:
+        """Start it and return once it has loaded the code and serves."""
+        command = [DAGSTER, "code-server", "start", "-h", "127.0.0.1", "-p", str(self.port),
+                   "-m", self.module, "-a", "defs", "-d", str(self.working_dir),
+                   "--location-name", LOCATION_NAME]
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                command, env={**os.environ, **environment, **self.settings},
+                cwd=self.working_dir, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while STARTED_LINE not in self.log():
+            if self._process.poll() is not None:
+                raise AssertionError(f"code server exited with {self._process.returncode}:\n"
+                                     f"{self.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"code server not serving in time:\n{self.log()[-3000:]}")
+            time.sleep(0.2)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, grace: float = 10) -> None:
+        """SIGTERM to its session, SIGKILL to whatever is left after ``grace`` seconds."""
+        if self._process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        if self._process.poll() is None:
+            self._process.wait(timeout=10)
+
+
+def reload_location(graphql: DagsterGraphQL) -> None:
+    """Reload the code location as the UI's "Reload" button does; fails unless it loaded."""
+    result = graphql.execute(RELOAD_LOCATION_MUTATION, {"location": graphql.location_name})[
+        "reloadRepositoryLocation"]
+    loaded = (result.get("__typename") == "WorkspaceLocationEntry"
+              and (result.get("locationOrLoadError") or {}).get("__typename")
+              == "RepositoryLocation")
+    if not loaded:
+        raise GraphQLError(f"reload of {graphql.location_name} failed: {result}")
