@@ -16,8 +16,16 @@ operator runs (``sqlite``: the repository's ``dagster.yaml``; ``production``:
 * what the daily schedule's later ticks fetch again: for every day of the two CBR sources, two
   more fetches of the same page, landed by ``LandingStoreResource.land`` as the extract step
   lands them (the same bytes: a new record, the same blob);
-* about 2,000 delivery report files (CSV, 30 lines each) landed by ``land`` as the file job's
-  extract lands them, one in ten delivered twice.
+* a delivery report file a day (CSV, 30 lines each), each through the real file job as the
+  inbox sensor launches it (the file dropped into the inbox, its version added as a partition,
+  a run that lands, loads and archives it), one in ten processed again from the archive: a run
+  each, with its record, event log, op outputs and landed payload.
+
+What bounds storage is stated as two numbers with targets that can fail: the bytes a partition
+keeps past the window (after the prune past ``keep_runs``: its latest payload, and the run that
+holds its present; on production the database compacted), and the bytes a day of history takes
+inside the window (after the prune a year on: every run of the year kept, their landed payloads
+and op outputs gone but each partition's latest, divided by the days).
 
 The clock is not touched: the prune is run in this process with ``now`` a year on (the default
 policy: op outputs and every landed payload but each partition's latest go, runs younger than
@@ -69,8 +77,18 @@ FAILED = 2
 partition's present: the prune deletes it past ``keep_runs``), and runs failed then
 re-executed from failure (kept: the re-execution repeats them)."""
 REFETCHED = ("cbr_daily_rates", "cbr_metal_prices")
-DELIVERY_FILES = 2_000
+DELIVERY_LINES = 30
+REPROCESSED_EVERY = 10
+"""One delivery file in ten is processed again (re-run from the archive): two runs of one
+version."""
 KEEP_RUNS_DAYS = 400
+KEPT_PER_PARTITION_TARGET_KIB = {"sqlite": 400, "production": 260}
+"""KiB a partition keeps past the window, at most: the measurement of 2026-12-06 (20 days: 355
+and 234 KiB, benchmarks/README) plus about 12%. The instance's fixed size (an empty database)
+is shared by fewer partitions in a shorter simulation, so a year measures less."""
+PER_DAY_TARGET_KIB = {"sqlite": 1_900, "production": 1_300}
+"""KiB a day of history takes inside the window, at most: the same measurement (1,719 and
+1,158 KiB) plus about 12%."""
 
 
 @dataclass
@@ -100,15 +118,26 @@ class RetentionFigures:
     compacted_instance: int | None = None
     """Production: the instance's bytes after the last prune, once ``VACUUM FULL`` ran."""
 
+    @property
+    def kept_per_partition_kib(self) -> float:
+        """What a partition keeps past the window, every store (the database compacted)."""
+        last = self.after[-1][1]
+        instance = (self.compacted_instance if self.compacted_instance is not None
+                    else last.instance)
+        return (last.landing + last.op_outputs + instance) / sum(self.partitions.values()) / 1024
 
-def measure_retention(server: ThrowawayPostgres, work_dir: Path,
-                      log: Callable[[str], None]) -> list[RetentionFigures]:
-    return [_measure_on(instance, server, work_dir / f"retention_{instance}", log)
-            for instance in INSTANCES]
+
+def measure_retention(server: ThrowawayPostgres, work_dir: Path, log: Callable[[str], None],
+                      days: int = DAYS, instances: tuple[str, ...] = INSTANCES,
+                      ) -> list[RetentionFigures]:
+    """The simulated operation of ``days`` days (a year unless told: fewer days give the same
+    figures per partition and per day, sooner), on each of ``instances``."""
+    return [_measure_on(instance, server, work_dir / f"retention_{instance}", log, days)
+            for instance in instances]
 
 
 def _measure_on(instance_kind: str, server: ThrowawayPostgres, root: Path,
-                log: Callable[[str], None]) -> RetentionFigures:
+                log: Callable[[str], None], days: int) -> RetentionFigures:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
@@ -147,23 +176,25 @@ def _measure_on(instance_kind: str, server: ThrowawayPostgres, root: Path,
     # This process reads the instance too (the failed runs' ids, the prunes).
     os.environ.update({k: v for k, v in env.items() if k.startswith(("MOSTOVIK_", "DAGSTER_"))})
     landing, storage = root / "data" / "landing", root / "data" / "storage"
-    keys = [(FIRST_DAY + timedelta(days=n)).isoformat() for n in range(DAYS)]
+    keys = [(FIRST_DAY + timedelta(days=n)).isoformat() for n in range(days)]
     started = time.perf_counter()
     try:
         for source in DAILY:
             log(f"retention: {source}, a run a day, {keys[0]}...{keys[-1]}")
             run_command([sys.executable, "-m", "benchmarks.retention", source, *keys], env)
         _daily_operation(env, keys, home, StandinClient(standin.url), log)
+        log(f"retention: material_deliveries, {days:,} files, a run each")
+        run_command([sys.executable, "-m", "benchmarks.retention", "--deliveries", str(days)],
+                    env)
     finally:
         standin.stop()
-    log(f"retention: later ticks' fetches and {DELIVERY_FILES:,} delivery files, landed")
+    log("retention: later ticks' fetches, landed")
     _fetched_again(landing, keys)
-    _delivery_files(landing)
     build = time.perf_counter() - started
 
     partitions = {source.name: len(list(source.iterdir())) for source in landing.iterdir()}
     check_keys = list(defs.resolve_asset_graph().asset_check_keys)
-    figures = RetentionFigures(instance_kind, DAYS, partitions, DELIVERY_FILES, build,
+    figures = RetentionFigures(instance_kind, days, partitions, days, build,
                                _footprint(landing, storage, home, instance_bytes))
     year_on = datetime.now(UTC) + timedelta(days=DAYS)
     past_keep_runs = datetime.now(UTC) + timedelta(days=KEEP_RUNS_DAYS + 1)
@@ -204,10 +235,10 @@ def _daily_operation(env: dict[str, str], keys: list[str], home: Path, standin: 
     for number, (source, route) in enumerate(DAILY.items()):
         log(f"retention: {source}: {LOADED_AGAIN} partitions loaded again twice, {FAILED} failed "
             "runs re-executed")
-        for key in keys[30 + number::97][:LOADED_AGAIN]:
+        for key in keys[len(keys) // 12 + number::max(1, len(keys) // 4)][:LOADED_AGAIN]:
             for _tick in range(2):
                 run_command(_execute(source, key), env)
-        for key in keys[60 + number::131][:FAILED]:
+        for key in keys[len(keys) // 6 + number::max(1, len(keys) // 3)][:FAILED]:
             when = date.fromisoformat(key)
             match = {"cbr": f"date_req={when:%d/%m/%Y}", "cbr_metals": f"date_req1={when:%d/%m/%Y}",
                      "erp": f"updated_from={key}"}[route]
@@ -242,22 +273,32 @@ def _fetched_again(landing: Path, keys: list[str]) -> None:
                            fetched_at=latest.fetched_at + timedelta(hours=4 * tick))
 
 
-def _delivery_files(landing: Path) -> None:
-    """Delivery reports as the file job's extract lands them, one partition per file version;
-    one file in ten is landed twice (its extract retried)."""
-    from mostovik_pipelines.resources import LandingStoreResource
-    from mostovik_pipelines.resources.inbox import version_key
+def _run_deliveries(count: int) -> None:
+    """``count`` delivery reports through the file job, as the inbox sensor launches it: each
+    dropped into the inbox, its version added as a partition, a run for it (which archives the
+    file); one in ten run again (re-processed from the archive). Each run must succeed."""
+    from dagster import DagsterInstance
 
-    store = LandingStoreResource(base_dir=str(landing))
-    fetched_at = datetime.combine(FIRST_DAY, datetime.min.time(), UTC)
-    for number in range(DELIVERY_FILES):
-        content = csv_report(report_table(deliveries(30, seed=number)))
-        name = f"site-{number % 40:02d}-deliveries-{number:05d}.csv"
-        key = version_key(name, hashlib.sha256(content).hexdigest())
-        for attempt in range(2 if number % 10 == 0 else 1):
-            store.land("material_deliveries", key, content, content_type="text/csv",
-                       origin=f"inbox/{name}", durable=False,
-                       fetched_at=fetched_at + timedelta(hours=4 * number, minutes=attempt))
+    from mostovik_pipelines.definitions import defs
+    from mostovik_pipelines.resources.inbox import version_key
+    from mostovik_pipelines.sources.material_deliveries.source import (
+        SOURCE,
+        material_deliveries_file_versions,
+    )
+    from mostovik_pipelines_tests.support.inbox import drop, renumbered
+
+    job = defs.resolve_job_def(f"{SOURCE.name}_job")
+    inbox = Path(SOURCE.resource.inbox_dir)
+    with DagsterInstance.get() as instance:
+        for number in range(count):
+            lines = renumbered(deliveries(DELIVERY_LINES, seed=number), 1_000 * number)
+            content = csv_report(report_table(lines))
+            name = f"site-{number % 40:02d}-deliveries-{number:05d}.csv"
+            key = drop(inbox, name, content)
+            assert key == version_key(name, hashlib.sha256(content).hexdigest())
+            instance.add_dynamic_partitions(material_deliveries_file_versions.name, [key])
+            for _run in range(2 if number % REPROCESSED_EVERY == 0 else 1):
+                job.execute_in_process(partition_key=key, instance=instance)
 
 
 def _footprint(landing: Path, storage: Path, home: Path,
@@ -316,12 +357,21 @@ def retention_table(r: RetentionFigures, checks: list[tuple[bool, str]]) -> list
             "  them); a deleted run's own event-log file is removed with it.",
         ]
     year_on = r.after[0][1]
-    checks.append((year_on.landing < r.before.landing and year_on.op_outputs == 0,
-                   f"a prune a year on keeps {year_on.landing / r.before.landing:.0%} of the "
-                   f"landing store and no op outputs on {r.instance} (target: less, and none)"))
-    checks.append((last.runs < r.before.runs and last.op_outputs == 0,
-                   f"a prune past keep_runs keeps {last.runs} of {r.before.runs} runs on "
-                   f"{r.instance}: those holding a partition's present (target: fewer)"))
+    kept = r.kept_per_partition_kib
+    per_day = year_on.total / r.days / 1024
+    lines += [
+        f"  what bounds storage: {kept:.1f} KiB kept per partition past the window (all stores"
+        + (", the database compacted)" if r.compacted_instance is not None else ")")
+        + f"; {per_day:.1f} KiB per day of history inside it (after the prune a year on)",
+    ]
+    checks.append((kept <= KEPT_PER_PARTITION_TARGET_KIB[r.instance],
+                   f"a partition keeps {kept:.1f} KiB past the window on {r.instance} (target "
+                   f"<= {KEPT_PER_PARTITION_TARGET_KIB[r.instance]} KiB)"))
+    checks.append((per_day <= PER_DAY_TARGET_KIB[r.instance],
+                   f"a day of history takes {per_day:.1f} KiB inside the window on "
+                   f"{r.instance} (target <= {PER_DAY_TARGET_KIB[r.instance]} KiB)"))
+    checks.append((year_on.op_outputs == 0 and last.op_outputs == 0,
+                   f"no op outputs kept a year on on {r.instance} (target: none)"))
     return lines
 
 
@@ -330,4 +380,7 @@ def _mb(size: int) -> str:
 
 
 if __name__ == "__main__":
-    _run_days(sys.argv[1], sys.argv[2:])
+    if sys.argv[1] == "--deliveries":
+        _run_deliveries(int(sys.argv[2]))
+    else:
+        _run_days(sys.argv[1], sys.argv[2:])

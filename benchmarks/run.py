@@ -39,7 +39,12 @@ from benchmarks.files import FilesFigures, files_table, measure_files
 from benchmarks.loader import MODES, LoaderFigures, measure_loader
 from benchmarks.measure import MB, Figure
 from benchmarks.orchestration import OrchestrationFigures, measure_orchestration
-from benchmarks.retention import RetentionFigures, measure_retention, retention_table
+from benchmarks.retention import (
+    INSTANCES,
+    RetentionFigures,
+    measure_retention,
+    retention_table,
+)
 from benchmarks.sync import SyncFigures, measure_sync
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
@@ -70,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files-repeat", type=int, help="repetitions of the files section")
     parser.add_argument("--skip-files", action="store_true")
     parser.add_argument("--skip-retention", action="store_true")
+    parser.add_argument("--retention-days", type=int, default=365,
+                        help="days of the simulated operation (a year unless told)")
+    parser.add_argument("--retention-instance", choices=("sqlite", "production"),
+                        help="simulate on this instance only (both unless told)")
     options = parser.parse_args(argv)
     files_settings = dict(FILES_QUICK if options.quick else FILES_FULL)
     files_settings.update({k: v for k, v in (("files_rows", options.files_rows),
@@ -109,7 +118,9 @@ def main(argv: list[str] | None = None) -> None:
                                   log)
         retention = None
         if not options.skip_retention:
-            retention = measure_retention(server, work_dir, log)
+            retention = measure_retention(
+                server, work_dir, log, options.retention_days,
+                (options.retention_instance,) if options.retention_instance else INSTANCES)
         print(report(server, loader, orchestration, sys.argv[1:] if argv is None else argv,
                      time.perf_counter() - started, sync, files=files, retention=retention))
     finally:
@@ -232,9 +243,11 @@ def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]
         f"{'cbr_daily_rates_job, one partition, dagster job execute':<72}{run:>9.2f}"
         f"   {run / floor:.2f}x the floor",
         f"{f'backfill of {o.backfill_partitions} partitions, one ranged run (single_run)':<72}"
-        f"{o.backfill_seconds:>9.2f}   {o.backfill_rows:,} rows",
+        f"{o.backfill_seconds:>9.2f}   {o.backfill_rows:,} rows, "
+        f"{o.backfill_seconds / o.events_only_seconds:.2f}x Dagster's own events",
         f"{'the same backfill again, every partition already loaded':<72}"
-        f"{o.rerun_seconds:>9.2f}",
+        f"{o.rerun_seconds:>9.2f}   {o.rerun_seconds / o.events_only_seconds:.2f}x "
+        "Dagster's own events",
         f"{'the same range, recording the same events and doing no work':<72}"
         f"{o.events_only_seconds:>9.2f}   {o.events_only_seconds / floor:.1f}x the floor: "
         "Dagster's own",
@@ -243,7 +256,6 @@ def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]
         f"{o.backfill_partitions}",
     ]
     year = o.backfill_seconds * 365 / o.backfill_partitions
-    again = o.rerun_seconds * 365 / o.backfill_partitions
     label = (f" on {o.instance}" if o.backfill_partitions == 365
              else f" on {o.instance} (extrapolated from {o.backfill_partitions} partitions)")
     if o.imports:
@@ -267,10 +279,16 @@ def _orchestration_table(o: OrchestrationFigures, checks: list[tuple[bool, str]]
                        f"{ours_mb / dagster_mb:.2f}x import dagster's memory (target <= 2x)"))
     checks.append((run <= 1.25 * floor, f"a partition run at {run / floor:.2f}x the empty-job "
                                         f"floor on {o.instance} (target <= 1.25x)"))
-    checks.append((year <= 8 * floor, f"a year as one ranged run at {year / floor:.1f}x the "
-                                      f"empty-job floor{label} (target <= 8x)"))
-    checks.append((again <= 4 * floor, f"the same year already loaded at {again / floor:.1f}x "
-                                       f"the empty-job floor{label} (target <= 4x)"))
+    # The year's targets stand on Dagster's own events-only year on the same instance (what
+    # recording the UI's per-partition status and checks costs with no work at all), not on the
+    # empty job: that is below what Dagster itself spends on a year (benchmarks/README).
+    events = o.events_only_seconds
+    checks.append((o.backfill_seconds <= 1.5 * events,
+                   f"a year as one ranged run at {o.backfill_seconds / events:.2f}x Dagster's "
+                   f"own events-only year{label} (target <= 1.5x)"))
+    checks.append((o.rerun_seconds <= 1.3 * events,
+                   f"the same year already loaded at {o.rerun_seconds / events:.2f}x Dagster's "
+                   f"own events-only year{label} (target <= 1.3x)"))
     checks.append((year < 60, f"a year of daily partitions backfilled in {year:.0f} s{label} "
                               "(target < 60 s)"))
     return lines

@@ -224,4 +224,5 @@ def test_prune_refuses_clearly_without_an_instance_or_with_a_bad_setting(job_env
         "op outputs: would remove 0 run directories, 0 bytes",
         "landing: would remove 0 files, 0 bytes",
         "runs: would remove 0 runs with their event logs",
-        "event log files: would remove 0 files of runs no longer in run storage, 0 bytes"]
+        "event log files: would remove 0 files of runs no longer in run storage, 0 bytes",
+        "claim files: would remove 0 files of runs whose process died, 0 bytes"]

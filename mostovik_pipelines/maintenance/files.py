@@ -4,7 +4,8 @@ Op outputs (``<storage>/<run_id>/<step>/<output>``, pickles handed from step to 
 ever read by a later step of their run or by a re-execution of it. Landed payloads
 (``<landing>/<source>/<partition>/``: ``fetches/*.json`` records, ``blobs/<sha256>.bin``
 contents, ``frames/<run>-p<page>.pickle`` scratch) are history, except a partition's latest
-(``reuse_landed`` re-transforms it) and what a run that may still be re-executed landed.
+and the one its stored rows came from (``reuse_landed`` re-transforms it, and it is older than the
+latest when a later fetch was rejected), and what a run that may still be re-executed landed.
 
 A directory or blob is removed in two moves: renamed aside (``.pruning-...``), then deleted, so
 a prune killed between the two leaves a name no reader opens, which the next prune deletes. On
@@ -20,9 +21,14 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
+from dagster import DagsterInstance
+
+from mostovik_pipelines.framework.assets.stored_payload import stored_payload_hashes
 from mostovik_pipelines.maintenance.policy import LANDING, OP_OUTPUTS, Removal, RetentionPolicy
 from mostovik_pipelines.maintenance.runs import RunFacts
 from mostovik_pipelines.resources.landing import (
+    LandedPayload,
+    fetch_record_of,
     fetch_records,
     latest_fetch_record,
     read_fetch_record,
@@ -58,22 +64,44 @@ def stale_op_outputs(base_dir: StorePath, facts: RunFacts, policy: RetentionPoli
 
 
 def old_fetch_records(base_dir: StorePath, facts: RunFacts, policy: RetentionPolicy,
-                      now: datetime) -> list[Removal]:
-    """Fetch records older than ``keep_landed``, except each partition's latest (what
-    ``reuse_landed`` re-transforms, picked as :meth:`LandingStoreResource.latest` picks it) and
+                      now: datetime, stored: StoredPayloads) -> list[Removal]:
+    """Fetch records older than ``keep_landed``, except each partition's latest (picked as
+    :meth:`LandingStoreResource.latest` picks it), the one its stored rows came from (what
+    ``reuse_landed`` re-transforms; older than the latest when a later fetch was rejected), and
     those of runs a recovery path may still use (a sync resumes from a stopped run's pages)."""
     removals = []
     for partition in _partitions(base_dir):
         fetches = partition / "fetches"
         latest = latest_fetch_record(fetches)
+        if latest is None:
+            continue
+        kept = {latest, stored.record_behind_rows(fetches, read_fetch_record(latest))}
         for record in fetch_records(fetches):
-            if record == latest or _modified(record) > now - policy.keep_landed:
+            if record in kept or _modified(record) > now - policy.keep_landed:
                 continue
             if facts.outputs_needed(read_fetch_record(record).run_id, policy, now):
                 continue
             removals.append(Removal(LANDING, str(record), _size(record),
                                     lambda record=record: record.unlink(missing_ok=True)))
     return removals
+
+
+class StoredPayloads:
+    """The content hash of the payload behind each loaded partition's stored rows, read from
+    the instance once per source, when a partition of it has fetches to consider."""
+
+    def __init__(self, instance: DagsterInstance) -> None:
+        self._instance = instance
+        self._by_source: dict[str, dict[str, str]] = {}
+
+    def record_behind_rows(self, fetches: StorePath,
+                           latest: LandedPayload) -> StorePath | None:
+        """The partition's fetch record its stored rows came from (``latest``: its latest
+        record, which names the source and the partition in full)."""
+        if latest.source not in self._by_source:
+            self._by_source[latest.source] = stored_payload_hashes(self._instance, latest.source)
+        content_hash = self._by_source[latest.source].get(latest.partition_key)
+        return fetch_record_of(fetches, content_hash) if content_hash else None
 
 
 def unreferenced_blobs(base_dir: StorePath, removed_records: set[str], policy: RetentionPolicy,

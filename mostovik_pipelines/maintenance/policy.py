@@ -20,7 +20,9 @@ LANDING = "landing"
 RUNS = "runs"
 EVENT_LOG_FILES = "event log files"
 """A local (SQLite) instance's files of runs that are gone; none in production (PostgreSQL)."""
-STORES = (OP_OUTPUTS, LANDING, RUNS, EVENT_LOG_FILES)
+CLAIM_FILES = "claim files"
+"""A local (SQLite) instance's claim files of runs whose process was killed; none in production."""
+STORES = (OP_OUTPUTS, LANDING, RUNS, EVENT_LOG_FILES, CLAIM_FILES)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ class PruneReport:
     def lines(self) -> list[str]:
         verb = "would remove" if self.dry_run else "removed"
         units = {OP_OUTPUTS: "run directories", LANDING: "files", RUNS: "runs",
-                 EVENT_LOG_FILES: "files of runs no longer in run storage"}
+                 EVENT_LOG_FILES: "files of runs no longer in run storage",
+                 CLAIM_FILES: "files of runs whose process died"}
         return [f"{store}: {verb} {self.counts[store]} {units[store]}"
                 + (f", {self.size_bytes[store]} bytes" if store != RUNS else
                    " with their event logs") for store in STORES]

@@ -9,7 +9,8 @@ removal in this order:
 3. runs: captured logs, events, the event log's files of the run (a local SQLite instance keeps
    one per run), then the run record, last, since the file rules read run storage to know what
    a recovery path may still use;
-4. event log files of runs run storage no longer has (deleted by hand, or by an older prune).
+4. event log files of runs run storage no longer has (deleted by hand, or by an older prune);
+5. claim files a killed process left (a local instance's), which no live process holds.
 
 A prune killed half way leaves only things a complete prune would also remove or keep, so the
 next one ends where one clean prune would have; a second prune finds nothing to remove. A prune
@@ -25,7 +26,9 @@ from datetime import UTC, datetime
 
 from dagster import AssetCheckKey, DagsterInstance
 
+from mostovik_pipelines.maintenance.claim_files import dead_claim_files
 from mostovik_pipelines.maintenance.files import (
+    StoredPayloads,
     old_fetch_records,
     stale_frames,
     stale_op_outputs,
@@ -41,7 +44,7 @@ def plan_prune(instance: DagsterInstance, *, landing_dir: StorePath, op_output_d
                now: datetime) -> list[Removal]:
     """Everything a prune at ``now`` removes, in the order it removes it."""
     facts = RunFacts.read(instance)
-    records = old_fetch_records(landing_dir, facts, policy, now)
+    records = old_fetch_records(landing_dir, facts, policy, now, StoredPayloads(instance))
     return [
         *stale_op_outputs(op_output_dir, facts, policy, now),
         *records,
@@ -49,6 +52,7 @@ def plan_prune(instance: DagsterInstance, *, landing_dir: StorePath, op_output_d
         *stale_frames(landing_dir, facts, policy, now),
         *old_runs(instance, facts, policy, now, check_keys),
         *orphaned_event_log_files(instance, facts, policy, now),
+        *dead_claim_files(instance, policy, now),
     ]
 
 

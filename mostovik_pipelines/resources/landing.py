@@ -112,6 +112,14 @@ class LandingStoreResource(ConfigurableResource):
         path = latest_fetch_record(self._partition_dir(source, partition_key) / "fetches")
         return _record(path) if path else None
 
+    def landed_with(self, source: str, partition_key: str,
+                    content_hash: str) -> LandedPayload | None:
+        """The most recent whole-payload fetch of the partition with this content, if any (the
+        payload a partition's stored rows came from, which may be older than the latest)."""
+        path = fetch_record_of(self._partition_dir(source, partition_key) / "fetches",
+                               content_hash)
+        return _record(path) if path else None
+
     def pages_landed_by(self, source: str, partition_key: str,
                         run_id: str) -> list[LandedPayload]:
         """The pages ``run_id`` landed for the partition, in page order."""
@@ -176,6 +184,16 @@ def latest_fetch_record(fetches_dir: StorePath) -> StorePath | None:
     re-transforms, and what the retention prune always keeps."""
     records = fetch_records(fetches_dir)
     return records[-1] if records else None
+
+
+def fetch_record_of(fetches_dir: StorePath, content_hash: str) -> StorePath | None:
+    """The latest record of a whole-payload fetch of ``content_hash``: what
+    :meth:`LandingStoreResource.landed_with` reads, and what the retention prune keeps while
+    the partition's stored rows come from it."""
+    matching = [path for path in fetch_records(fetches_dir)
+                if path.stem.endswith(f"-{content_hash[:12]}")
+                and read_fetch_record(path).content_hash == content_hash]
+    return matching[-1] if matching else None
 
 
 def read_fetch_record(path: StorePath) -> LandedPayload:

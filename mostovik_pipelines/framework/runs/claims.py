@@ -401,5 +401,11 @@ def _postgres_dsn(instance: DagsterInstance) -> str | None:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def claim_files_dir(instance: DagsterInstance) -> Path:
+    """Where the claims of a SQLite instance's runs are files (the retention prune removes the
+    ones a killed holder left behind)."""
+    return Path(instance.root_directory) / "run_claims"
+
+
 def _claim_file(instance: DagsterInstance, run_id: str) -> Path:
-    return Path(instance.root_directory) / "run_claims" / f"{run_id}.lock"
+    return claim_files_dir(instance) / f"{run_id}.lock"

@@ -14,6 +14,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
     WAREHOUSE_KEY,
     source_resource_key,
 )
+from mostovik_pipelines.framework.assets.stored_payload import stored_payload_hashes
 from mostovik_pipelines.framework.errors import (
     ConfigurationError,
     PageCursorExpired,
@@ -41,12 +42,11 @@ def extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
         return _extract_pages(context, spec, key, full_resync)
     landing = getattr(context.resources, LANDING_KEY)
     ranged = len(context.partition_keys) > 1
+    if reuse_landed:
+        return _reuse_landed(context, spec, key, ranged)
     latest = landing.latest(spec.name, key)
-    if reuse_landed or (latest is not None and latest.run_id == context.run_id):
-        if latest is not None:
-            return latest
-        return fail_or_set_aside(context, StepContext(spec.name, key, "extract"), NO_RETRY,
-                                  PermanentError("nothing landed yet to re-transform"), ranged)
+    if latest is not None and latest.run_id == context.run_id:
+        return latest
     try:
         raw = spec.extract(ExtractRequest(
             source=spec.name, partition_key=key,
@@ -60,6 +60,30 @@ def extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
     except Exception as exc:
         return fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
                                   spec.extract_retry, exc, ranged)
+
+
+def _reuse_landed(context: OpExecutionContext, spec: SourceSpec, key: str,
+                  ranged: bool) -> LandedPayload | PartitionFailure:
+    """The payload the partition's stored rows came from (not a later fetch that was
+    rejected); for a partition never loaded, its latest fetch. Refused, the stored rows left as
+    they are, when that payload is no longer landed whole."""
+    landing = getattr(context.resources, LANDING_KEY)
+    stored = stored_payload_hashes(context.instance, spec.name, [key]).get(key)
+    payload = (landing.latest(spec.name, key) if stored is None
+               else landing.landed_with(spec.name, key, stored))
+    if payload is not None and landing.is_whole(payload):
+        return payload
+    if stored is None:
+        error = PermanentError(f"reuse_landed: {spec.name} [{key}]: nothing landed yet to "
+                               "re-transform")
+    else:
+        error = PermanentError(
+            f"reuse_landed: {spec.name} [{key}]: the payload the stored rows came from "
+            f"(content hash {stored[:12]}) is no longer in the landing store, so it cannot be "
+            "re-transformed; the stored rows are left as they are. Run the partition without "
+            "reuse_landed to fetch it from the source again")
+    return fail_or_set_aside(context, StepContext(spec.name, key, "extract"), NO_RETRY, error,
+                             ranged)
 
 
 def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
