@@ -33,7 +33,8 @@ counts a run that held its claim dead only once the claim stays free for
 :data:`CLAIM_GONE_SECONDS` (:func:`run_claim_gone`), longer than that grace. A first take that
 the database refuses for a reason waiting cannot cure (authentication, a missing database, too
 many clients, a bad setting) fails at once (:class:`RunClaimRefused`); only the database being
-away (refused, reset, timed out) is left to the keeper. docs/architecture.md ("The fence") has the whole of it.
+away (refused, reset, timed out) is left to the keeper. docs/architecture.md ("The fence") has
+the whole of it.
 
 Who holds it: the run's orchestrating process for the whole run (the executor of every job is
 wrapped by :func:`holding_run_claim`, so ``dagster job execute``, daemon-launched runs, re-runs
