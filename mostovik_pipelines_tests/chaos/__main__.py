@@ -112,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
                 totals = run_calendar_chaos(postgres, standin_server, seed, args.calendar_days,
                                             log=log, tally=tally)
             failures += [f"{name}: {failure}" for failure in totals.failures]
-            log(f"chaos: {name} suite done in {time.monotonic() - begun:.0f} s")
+            log(f"chaos: {name} suite done in {time.monotonic() - begun:.0f} s; the table so "
+                f"far:{tally.table()}")
     finally:
         if args.keep:
             print(f"work dir kept: {env.root}")
         env.close()
-    log(tally.table())
+        log(tally.table())  # also when stopped: what the suites that ran found
     log(f"\n  suites' failures:     {len(failures)}")
     log(f"  wall time:            {time.monotonic() - started:.0f} s")
     log(f"  seed:                 {seed}   (replay: {replay_command(args, seed)})")
