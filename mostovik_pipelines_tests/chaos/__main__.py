@@ -1,6 +1,7 @@
 """``python -m mostovik_pipelines_tests.chaos [--seed N] [--suites LIST] [--scenarios N]
 [--cli-share F] [--sync-scenarios N] [--file-scenarios N] [--platform-scenarios N]
-[--calendar-days N] [--keep]`` (``make chaos``; see docs/notes/chaos.md)
+[--calendar-days N] [--calendar-lookback-days N] [--keep]``
+(``make chaos``; see docs/notes/chaos.md)
 
 Starts its own PostgreSQL and stand-in and runs every kind of job through the one harness
 (:mod:`.harness`), all from one seed:
@@ -58,6 +59,9 @@ def parse(argv: list[str] | None):
                              "faults under the production deployment")
     parser.add_argument("--calendar-days", type=int, default=7,
                         help="simulated days of the calendar suite")
+    parser.add_argument("--calendar-lookback-days", type=int, default=7,
+                        help="each calendar source's lookback (a shorter one: smaller first "
+                             "ticks and runs while a source is down)")
     parser.add_argument("--keep", action="store_true", help="keep the work dirs (run logs)")
     args = parser.parse_args(argv)
     args.suites = [name.strip() for name in args.suites.split(",") if name.strip()]
@@ -73,7 +77,8 @@ def replay_command(args, seed: int) -> str:
             f"--cli-share {args.cli_share} --sync-scenarios {args.sync_scenarios} "
             f"--file-scenarios {args.file_scenarios} "
             f"--platform-scenarios {args.platform_scenarios} "
-            f"--calendar-days {args.calendar_days}")
+            f"--calendar-days {args.calendar_days} "
+            f"--calendar-lookback-days {args.calendar_lookback_days}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                                             args.platform_scenarios, log=log, tally=tally)
             else:
                 totals = run_calendar_chaos(postgres, standin_server, seed, args.calendar_days,
+                                            lookback_days=args.calendar_lookback_days,
                                             log=log, tally=tally)
             failures += [f"{name}: {failure}" for failure in totals.failures]
             log(f"chaos: {name} suite done in {time.monotonic() - begun:.0f} s; the table so "
