@@ -50,7 +50,7 @@ class Tally:
         header = f"  {'kind / fault':<{width}}" + "".join(f"{m:>12}" for m in MEASURES)
         rows = ["", "chaos: per kind and per fault", header]
         for kind in dict.fromkeys(kind for kind, _ in self.lines):
-            faults = sorted((f for k, f in self.lines if k == kind), key=lambda f: f != ALL)
+            faults = sorted((f for k, f in self.lines if k == kind), key=lambda f: (f != ALL, f))
             for fault in faults:
                 line = self.lines[(kind, fault)]
                 label = kind if fault == ALL else f"  {fault}"
