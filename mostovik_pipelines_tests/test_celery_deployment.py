@@ -65,7 +65,8 @@ BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04", "2026-11-05", "2026-11-06"
 KILLED_PARTITION = "2026-11-09"
 RETRIED_PARTITION = "2026-11-10"
 BROKER_RESTART = ["2026-11-16", "2026-11-17", "2026-11-18", "2026-11-19", "2026-11-20"]
-BROKER_DOWN_SECONDS = 20
+BROKER_DOWN_SECONDS = 60
+"""The promised bound: a fault that passes within a minute is ridden out."""
 OUTAGE_BUDGET_PARTITION = "2026-11-23"
 BOOKKEEPING = {"loaded_by_run", "loaded_at", "changed_by_run", "changed_at"}
 WORKER_LOST_SECONDS = 10
@@ -338,7 +339,7 @@ def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_lose
     deployment, redis_server, standin, standin_server, pg_warehouse_url, tmp_path
 ):
     """Redis, broker and result backend, killed while two runs' first steps run on the two
-    workers and three runs' steps wait in its queue, and started again 20 s later: the
+    workers and three runs' steps wait in its queue, and started again 60 s later: the
     orchestrating processes wait it out, each step runs once, every run succeeds."""
     # The first two fetches are held until the broker is down: their workers finish them and
     # store the results during the outage.

@@ -6,19 +6,41 @@ and the rows kept for unreadable currencies (see :mod:`.scenarios`). ``make chao
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
 from mostovik_pipelines_tests.chaos.scenarios import ChaosSuite, Totals
+from mostovik_pipelines_tests.chaos.tally import Tally, named, tallied
 
 
 def run_chaos(env: ChaosEnvironment, seed: int, scenarios: int, cli_share: float = 0.35,
-              log=print) -> Totals:
-    """Run ``scenarios`` scenarios and print the summary; the totals say what happened."""
+              log=print, tally: Tally | None = None) -> Totals:
+    """Run ``scenarios`` scenarios and print the summary; the totals say what happened (and,
+    per scenario and fault, ``tally``)."""
     started = time.monotonic()
     suite = ChaosSuite(env, seed, cli_share=cli_share, log=log)
+
+    def findings(totals: Totals) -> dict[str, int]:
+        return {"differences": totals.differences, "duplicates": totals.duplicates,
+                "unsettled": totals.errors, "stuck": len(env.stuck_runs())}
+
+    if tally is not None:
+        tallied(suite, "parser", tally, parser_faults, findings)
     totals = suite.run(scenarios)
+    if tally is not None:
+        tally.settle("parser", "final sweep", **findings(totals))
     log(summary(totals, seed, time.monotonic() - started))
     return totals
+
+
+def parser_faults(totals: Totals) -> Counter:
+    """What a parser scenario met: source faults, kills by point, warehouse crashes, duplicate
+    runs, re-executions, ranged runs."""
+    return (named("source", totals.faults) + named("kill at", totals.kills)
+            + named("warehouse crash at", totals.warehouse_crashes)
+            + named("re-execution", totals.reexecutions)
+            + Counter({"duplicate run": totals.duplicate_runs, "ranged run": totals.ranged_runs,
+                       "left started": totals.left_started}))
 
 
 def summary(totals: Totals, seed: int, seconds: float) -> str:
@@ -59,7 +81,7 @@ def summary(totals: Totals, seed: int, seconds: float) -> str:
         f"  unsettled partitions or failed references: {totals.errors}",
         f"  wall time:            {seconds:.0f} s",
         f"  seed:                 {seed}   (replay: make chaos CHAOS_ARGS='--seed {seed} "
-        f"--scenarios {totals.scenarios}')",
+        f"--suites parser --scenarios {totals.scenarios}')",
     ]
     return "\n".join(lines)
 

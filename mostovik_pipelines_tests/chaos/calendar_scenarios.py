@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
 
-import psycopg
 from dagster import DagsterRunStatus, RunsFilter
 
 from mostovik_pipelines.framework.automation.partition_states import Outcome, partition_states
@@ -40,7 +39,8 @@ from mostovik_pipelines.sources import cbr_daily_rates, cbr_metal_prices, erp_wo
 from mostovik_pipelines.sources.cbr_daily_rates.standin import CbrStandin
 from mostovik_pipelines.sources.cbr_metal_prices.standin import CbrMetalsStandin
 from mostovik_pipelines.standin import StandinClient, StandinServer
-from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.chaos.harness import create_database, drop_database
+from mostovik_pipelines_tests.chaos.tally import Tally
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.schedule_calendar import (
     Calendar,
@@ -275,36 +275,45 @@ def _published_rates(day: str) -> set:
     return {(row.char_code, row.rate_date, row.value) for row in frame.itertuples()}
 
 
+def calendar_faults(suite: CalendarSuite) -> set[str]:
+    """What the simulated span met: its sources' outages, the permanent failure, the daemon
+    down."""
+    return {*(f"down: {source}" for source, ticks in suite.outages.items() if ticks),
+            "permanent failure", "daemon down"}
+
+
 def run_calendar_chaos(postgres: ThrowawayPostgres, standin_server: StandinServer, seed: int,
                        days: int, *, lookback_days: int = 7, max_outage_ticks: int = 3,
                        sources: tuple[str, ...] = tuple(SCHEDULES),
                        down_sources: tuple[str, ...] | None = None,
-                       template: str | None = None, log=print) -> CalendarTotals:
+                       template: str | None = None, log=print,
+                       tally: Tally | None = None) -> CalendarTotals:
     """Run the calendar of ``sources`` (the CBR's always: it carries the permanent failure) in
     a warehouse and instance of their own, ``down_sources`` (default: all of them) going down,
     and print the summary. A shorter ``lookback_days`` makes each source's first tick (and a run
     while it is down) smaller."""
     started = time.monotonic()
     name = f"wh_calendar_{seed % 100_000}_{int(time.time()) % 100_000}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name}"
-                           + (f" TEMPLATE {template}" if template else ""))
-    if template is None:
-        migrate.upgrade(postgres.url(name))
+    url = create_database(postgres, name, template)
     standin = StandinClient(standin_server.url)
     standin.reset_erp()
     try:
         with tempfile.TemporaryDirectory(prefix="calendar-") as work_dir, calendars(
-                Path(work_dir), postgres.url(name), standin_server, standin) as start:
+                Path(work_dir), url, standin_server, standin) as start:
             calendar = start(*(SCHEDULES[name] for name in sources), cbr=lookback_days,
                              cbr_metals=lookback_days, erp=lookback_days)
-            totals = CalendarSuite(calendar, seed, days, log, max_outage_ticks, sources,
-                                   down_sources or sources).run()
+            suite = CalendarSuite(calendar, seed, days, log, max_outage_ticks, sources,
+                                  down_sources or sources)
+            totals = suite.run()
     finally:
         standin.clear_faults()
         standin.reset_erp()
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        drop_database(postgres, name)
+    if tally is not None:
+        stuck = sum(" left " in failure and failure.startswith("run ")
+                    for failure in totals.failures)
+        tally.record("calendar", calendar_faults(suite),
+                     unsettled=len(totals.failures) - stuck, stuck=stuck)
     log(f"calendar: seed {seed}, {days} day(s) + 1 settling, {totals.steps} ticks, runs "
         f"{totals.runs}, checked {totals.checked}, {len(totals.failures)} failure(s), "
         f"{time.monotonic() - started:.0f} s; replay: python -m "

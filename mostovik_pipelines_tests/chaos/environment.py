@@ -1,23 +1,17 @@
-"""Where the chaos runs happen: a warehouse and a reference database on a real PostgreSQL, the
-stand-in source, a SQLite Dagster home, and the ways of starting a run of the CBR job.
+"""The parser suite's workspace (:class:`ChaosEnvironment`): the harness's workspace of the CBR
+job (:mod:`.harness`) with a reference database beside it, the stand-in source, and the
+operator's re-executions:
 
-* :meth:`ChaosEnvironment.start_cli_run` starts ``dagster job execute`` in a process of its own
-  (in a session of its own, so a kill -9 takes all of it), configured through the environment the
-  way CI and operators run it.
-* :meth:`ChaosEnvironment.start_warm_run` forks this (warm) process, which has the code location
-  loaded already, and runs the same job with ``execute_in_process`` in the child, for one
-  partition or a range of them: the same ops, resources and instance, in a fraction of the
-  start-up time, and just as killable.
 * :meth:`ChaosEnvironment.start_cli_rerun` starts a re-execution of a failed run from its failure
   in a process of its own (``rerun_from_failure``: what ``mostovik jobs rerun RUN_ID`` queues for
   the daemon, executed in that process, so a kill -9 takes the run).
 * :meth:`ChaosEnvironment.start_warm_reexecution` forks and re-executes a finished run in the
   child, from its failure (``rerun_from_failure``, what ``mostovik jobs rerun`` calls) or all of
   its steps (``dagster.execute_job`` with ``ReexecutionOptions``), the job reconstructed from
-  ``mostovik_pipelines.defs`` as in a process started with :meth:`cli_environment`.
+  ``mostovik_pipelines.defs`` as in a process started with the workspace's CLI environment.
 
-The parent never opens a warehouse engine through the project's resources: a forked child would
-inherit its pooled connections. It reads the databases through plain psycopg connections only.
+Runs of one partition or a range start and die as in every suite: ``start_warm``,
+``start_cli`` and :meth:`~.harness.RunHandle.kill`.
 """
 
 from __future__ import annotations
@@ -27,18 +21,12 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 import traceback
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 from dagster import (
     DagsterEventType,
     DagsterInstance,
@@ -51,7 +39,6 @@ from dagster import (
 from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
 
 from mostovik_pipelines import definitions
-from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.in_flight import LAUNCH_GRACE_SECONDS
 from mostovik_pipelines.framework.runs.recovery import (
     CODE_LOCATION_ATTRIBUTE,
@@ -69,98 +56,31 @@ from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SEC
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
-from mostovik_pipelines.warehouse import migrate
-from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
+from mostovik_pipelines_tests.chaos.harness import (
+    ATTEMPT_TAG,
+    RunHandle,
+    Workspace,
+    create_database,
+    drop_database,
+    exit_child,
+    location_of,
+    log_to,
+)
+from mostovik_pipelines_tests.support.locations import FAST_RETRY
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.processes import RERUN_IN_PROCESS
 
 SOURCE = cbr_daily_rates.SOURCE.name
 JOB = f"{SOURCE}_job"
-ATTEMPT_TAG = "chaos/attempt"
 WARM_TIMEOUT_SECONDS = 1.0
 CLI_TIMEOUT_SECONDS = 2.0
 CLOCK_SLACK = timedelta(seconds=1)
 """Run storage's creation times come from the same clock, at a coarser resolution."""
-QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-
-DAGSTER_YAML = """\
-storage:
-  sqlite:
-    base_dir: {home}/storage
-local_artifact_storage:
-  module: dagster._core.storage.root
-  class: LocalArtifactStorage
-  config:
-    base_dir: {home}
-compute_logs:
-  module: dagster._core.storage.noop_compute_log_manager
-  class: NoOpComputeLogManager
-telemetry:
-  enabled: false
-"""
 
 
-class RunHandle:
-    """One started run: its process, what finds it in run storage (its attempt tag; for a
-    re-execution, being a run of its parent created since it was started), its end."""
-
-    def __init__(self, kind: str, partitions: tuple[str, ...], attempt: str, process,
-                 log_path: Path | None, run_id: str | None = None,
-                 parent_run_id: str | None = None, started_at: datetime | None = None) -> None:
-        self.kind = kind
-        self.partitions = partitions
-        self.attempt = attempt
-        self.process = process
-        self.log_path = log_path
-        self.run_id = run_id
-        self.parent_run_id = parent_run_id
-        self.started_at = started_at
-        self.killed = False
-
-    @property
-    def partition(self) -> str:
-        """The run's first partition: the one whose landing and load lock the kill points of
-        a single-partition run watch."""
-        return self.partitions[0]
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        if isinstance(self.process, subprocess.Popen):
-            return self.process.poll() is None
-        return self.process.is_alive()
-
-    def kill(self) -> bool:
-        """kill -9 the run's process (and, for a CLI run, its whole session)."""
-        if not self.alive():
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            if isinstance(self.process, subprocess.Popen):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            else:
-                os.kill(self.process.pid, signal.SIGKILL)
-        self.killed = True
-        return True
-
-    def wait(self, timeout: float) -> None:
-        if isinstance(self.process, subprocess.Popen):
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                self.process.wait(timeout=30)
-        else:
-            self.process.join(timeout)
-            if self.process.is_alive():
-                self.kill()
-                self.process.join(30)
-
-
-class ChaosEnvironment:
-    """Everything a chaos scenario needs; :meth:`close` removes all of it."""
+class ChaosEnvironment(Workspace):
+    """The CBR job's workspace, its reference database and the stand-in; :meth:`close`
+    removes all of it."""
 
     def __init__(self, postgres: ThrowawayPostgres | None = None,
                  standin_server: StandinServer | None = None, keep: bool = False,
@@ -169,95 +89,41 @@ class ChaosEnvironment:
         migrated here)."""
         self._own_postgres = postgres is None
         self._own_standin = standin_server is None
-        self.keep = keep
-        self.postgres = postgres or ThrowawayPostgres().start()
+        postgres = postgres or ThrowawayPostgres().start()
         self.standin_server = standin_server or StandinServer().start()
         self.standin = StandinClient(self.standin_server.url)
-        self.root = Path(tempfile.mkdtemp(prefix="mostovik-chaos-"))
-        suffix = uuid.uuid4().hex[:8]
-        self.database = f"chaos_{suffix}"
-        self.reference_database = f"chaosref_{suffix}"
-        with psycopg.connect(self.postgres.dsn(), autocommit=True) as connection:
-            for name in (self.database, self.reference_database):
-                clone = f" TEMPLATE {template}" if template else ""
-                connection.execute(f"CREATE DATABASE {name}{clone}")
-        self.url = self.postgres.url(self.database)
-        self.reference_url = self.postgres.url(self.reference_database)
-        if not template:
-            for url in (self.url, self.reference_url):
-                migrate.upgrade(url)
-
-        self.home = self.root / "dagster_home"
-        self.home.mkdir()
-        (self.home / "dagster.yaml").write_text(DAGSTER_YAML.format(home=self.home))
-        self.data_dir = self.root / "data"
-        self.logs = self.root / "logs"
-        self.logs.mkdir()
-        self.instance = DagsterInstance.from_config(str(self.home))
+        self.reference_database = f"chaosref_{uuid.uuid4().hex[:8]}"
         fast = dataclasses.replace(cbr_daily_rates.SOURCE, extract_retry=FAST_RETRY,
                                    load_retry=FAST_RETRY)
-        self.location = self._location(fast, self.url, self.data_dir)
-        self.job = self.location.resolve_job_def(JOB)
-        self.reference_job = self._location(
-            fast, self.reference_url, self.root / "reference").resolve_job_def(JOB)
+        cbr_url = self.standin_server.cbr_url
 
-    def _location(self, source, url: str, data_dir: Path):
-        return code_location_for(
-            url, self.standin_server, data_dir, [source],
-            cbr_daily_rates_source=HttpSourceResource(
-                base_url=self.standin_server.cbr_url, timeout_seconds=WARM_TIMEOUT_SECONDS),
-        )
+        def wiring(_root: Path) -> tuple[HttpSourceResource, dict[str, str]]:
+            return (HttpSourceResource(base_url=cbr_url, timeout_seconds=WARM_TIMEOUT_SECONDS),
+                    {"MOSTOVIK_CBR_URL": cbr_url,
+                     "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(CLI_TIMEOUT_SECONDS)})
+
+        try:
+            super().__init__(postgres, fast, wiring, template=template, keep=keep)
+            self.reference_url = create_database(postgres, self.reference_database, template)
+        except BaseException:
+            self._stop_servers(postgres)
+            raise
+        self.reference_job = location_of(
+            fast, self.reference_url, self.root / "reference", self.resource,
+        ).resolve_job_def(JOB)
 
     # --- starting runs ------------------------------------------------------------------------
 
-    def cli_environment(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "DAGSTER_HOME": str(self.home),
-            "MOSTOVIK_DATABASE_URL": self.url,
-            "MOSTOVIK_CBR_URL": self.standin_server.cbr_url,
-            "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(CLI_TIMEOUT_SECONDS),
-            "MOSTOVIK_DATA_DIR": str(self.data_dir),
-            "MOSTOVIK_EXECUTOR": "in_process",
-        }
-
-    def start_cli_run(self, partition: str) -> RunHandle:
-        attempt = uuid.uuid4().hex[:12]
-        log_path = self.logs / f"cli-{attempt}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "dagster"), "job", "execute",
-                 "-m", "mostovik_pipelines", "-j", JOB,
-                 "--tags", json.dumps({PARTITION_TAG: partition, ATTEMPT_TAG: attempt})],
-                env=self.cli_environment(), cwd=self.root, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        return RunHandle("cli", (partition,), attempt, process, log_path)
-
-    def start_warm_run(self, partitions: tuple[str, ...], reference: bool = False) -> RunHandle:
-        """A run of one partition, or of the consecutive ``partitions`` as one ranged run."""
-        attempt = uuid.uuid4().hex[:12]
-        run_id = str(uuid.uuid4())
-        job = self.reference_job if reference else self.job
-        home = None if reference else str(self.home)
-        log_path = self.logs / f"warm-{attempt}.log"
-        process = multiprocessing.get_context("fork").Process(
-            target=_warm_child, args=(job, home, partitions, run_id, attempt, log_path),
-            daemon=True)
-        process.start()
-        return RunHandle("warm", partitions, attempt, process, log_path, run_id)
+    def start_reference_run(self, partitions: tuple[str, ...]) -> RunHandle:
+        """A run of the partitions on the reference database, on an instance of its own."""
+        return self.start_warm(partitions, job=self.reference_job, ephemeral=True)
 
     def start_cli_rerun(self, run_id: str) -> RunHandle:
         """The failed run re-executed from its failure, in a process of its own."""
         attempt = uuid.uuid4().hex[:12]
         log_path = self.logs / f"cli-rerun-{attempt}.log"
         started_at = datetime.now(UTC)
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-c", RERUN_IN_PROCESS, run_id], env=self.cli_environment(),
-                cwd=self.root,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        process = self.start_process([sys.executable, "-c", RERUN_IN_PROCESS, run_id], log_path)
         return RunHandle("cli", self.partitions_of(run_id), attempt, process, log_path,
                          parent_run_id=run_id, started_at=started_at)
 
@@ -268,7 +134,7 @@ class ChaosEnvironment:
         started_at = datetime.now(UTC)
         process = multiprocessing.get_context("fork").Process(
             target=_reexecution_child,
-            args=(self.location, self.cli_environment(), str(self.home), run_id, from_failure,
+            args=(self.location, self.cli_environment, str(self.home), run_id, from_failure,
                   attempt, log_path),
             daemon=True)
         process.start()
@@ -285,12 +151,8 @@ class ChaosEnvironment:
                 record.dagster_run.run_id for record in self.instance.get_run_records(
                     RunsFilter(created_after=handle.started_at - CLOCK_SLACK))
                 if record.dagster_run.parent_run_id == handle.parent_run_id), None)
-        elif handle.run_id is None:
-            runs = self.instance.get_run_records(
-                RunsFilter(tags={ATTEMPT_TAG: handle.attempt}), limit=1)
-            if runs:
-                handle.run_id = runs[0].dagster_run.run_id
-        return handle.run_id
+            return handle.run_id
+        return super().run_id_of(handle)
 
     def partitions_of(self, run_id: str) -> tuple[str, ...]:
         """The run's partition, or every date of its range."""
@@ -341,30 +203,6 @@ class ChaosEnvironment:
                 for dead, bound in bounds.items()
                 if dead in entry.user_message and entry.timestamp > bound]
 
-    def run_status(self, handle: RunHandle) -> DagsterRunStatus | None:
-        run_id = self.run_id_of(handle)
-        run = self.instance.get_run_by_id(run_id) if run_id else None
-        return run.status if run else None
-
-    def has_event(self, handle: RunHandle, event_type: DagsterEventType,
-                  step_prefix: str | None = None) -> bool:
-        run_id = self.run_id_of(handle)
-        if run_id is None:
-            return False
-        records = self.instance.get_records_for_run(run_id, of_type=event_type).records
-        return any(
-            step_prefix is None or (r.event_log_entry.step_key or "").startswith(step_prefix)
-            for r in records
-        )
-
-    def mark_dead_run_failed(self, handle: RunHandle) -> None:
-        """What run monitoring does for a run whose process died: record it as failed, so that
-        run storage shows reality and nothing waits for it."""
-        run_id = self.run_id_of(handle)
-        run = self.instance.get_run_by_id(run_id) if run_id else None
-        if run is not None and run.status not in FINISHED:
-            self.instance.report_run_failed(run, "killed by the chaos suite (kill -9)")
-
     def landed_by(self, handle: RunHandle) -> bool:
         """Whether the run has landed its payload (its extract is done)."""
         run_id = self.run_id_of(handle)
@@ -378,18 +216,15 @@ class ChaosEnvironment:
         return False
 
     def close(self) -> None:
-        self.instance.dispose()
-        with contextlib.suppress(Exception), psycopg.connect(
-            self.postgres.dsn(), autocommit=True
-        ) as connection:
-            for name in (self.database, self.reference_database):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        drop_database(self.postgres, self.reference_database)
+        super().close()
+        self._stop_servers(self.postgres)
+
+    def _stop_servers(self, postgres: ThrowawayPostgres) -> None:
         if self._own_standin:
             self.standin_server.stop()
         if self._own_postgres:
-            self.postgres.stop()
-        if not self.keep:
-            shutil.rmtree(self.root, ignore_errors=True)
+            postgres.stop()
 
 
 def run_partitions(run: DagsterRun) -> tuple[str, ...]:
@@ -409,35 +244,12 @@ def date_range(first: str, last: str) -> tuple[str, ...]:
     return tuple(days)
 
 
-def _warm_child(job, home: str | None, partitions: tuple[str, ...], run_id: str, attempt: str,
-                log_path: Path) -> None:
-    """The body of a forked warm run; its exit code is 0 when the run succeeded."""
-    success = False
-    try:
-        _log_to(log_path)
-        instance = DagsterInstance.from_config(home) if home else DagsterInstance.ephemeral()
-        ranged = len(partitions) > 1
-        scope = ({RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]} if ranged
-                 else {})
-        with hold_run_claim(instance, run_id):
-            result = job.execute_in_process(
-                partition_key=None if ranged else partitions[0], instance=instance,
-                run_id=run_id, raise_on_error=False, tags={**scope, ATTEMPT_TAG: attempt},
-                run_config=QUIET,
-            )
-        success = result.success
-    except BaseException:
-        traceback.print_exc()  # os._exit below would swallow it
-    finally:
-        _exit(success)
-
-
 def _reexecution_child(location, environment: dict[str, str], home: str, parent_run_id: str,
                        from_failure: bool, attempt: str, log_path: Path) -> None:
     """The body of a forked re-execution; its exit code is 0 when the new run succeeded."""
     success = False
     try:
-        _log_to(log_path)
+        log_to(log_path)
         os.environ.update(environment)
         # The job is reconstructed from ``mostovik_pipelines.defs``, which a fresh process
         # builds from the environment; this one imported it long ago, so it is pointed at the
@@ -466,39 +278,4 @@ def _reexecution_child(location, environment: dict[str, str], home: str, parent_
     except BaseException:
         traceback.print_exc()  # os._exit below would swallow it
     finally:
-        _exit(success)
-
-
-def _log_to(log_path: Path) -> None:
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-
-
-def _exit(success: bool) -> None:
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(0 if success else 1)
-
-
-def wait_until(condition, handle: RunHandle, timeout: float, interval: float = 0.01) -> bool:
-    """Poll ``condition`` until it holds (True) or the run's process ends or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        if not handle.alive():
-            return False
-        time.sleep(interval)
-    return False
-
-
-def a_load_waits_for_a_lock(observer: psycopg.Connection) -> bool:
-    """Whether another session of ``observer``'s database waits for a partition's advisory lock
-    (a run's load, held up by a lock the suite holds)."""
-    return observer.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND query LIKE '%pg_advisory_xact_lock%' AND datname = current_database() "
-        "AND pid <> pg_backend_pid()"
-    ).fetchone()[0] > 0
+        exit_child(success)

@@ -83,12 +83,9 @@ from mostovik_pipelines.framework.load.lock import partition_lock_keys
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of, version_key
 from mostovik_pipelines.sources import material_deliveries
-from mostovik_pipelines_tests.chaos.environment import RunHandle, wait_until
-from mostovik_pipelines_tests.chaos.sync_scenarios import (
-    Workspace,
-    counts_text,
-    status_text,
-)
+from mostovik_pipelines_tests.chaos.harness import RunHandle, Workspace, wait_until
+from mostovik_pipelines_tests.chaos.sync_scenarios import counts_text, status_text
+from mostovik_pipelines_tests.chaos.tally import Tally, named, tallied
 from mostovik_pipelines_tests.support import delivery_reports as reports
 from mostovik_pipelines_tests.support.delivery_reports import TITLE_ROWS, Delivery, Layout
 from mostovik_pipelines_tests.support.locations import FAST_RETRY
@@ -879,17 +876,35 @@ def file_workspace(postgres: ThrowawayPostgres, template: str | None = None,
     return Workspace(postgres, source, wiring, template=template, keep=keep)
 
 
+def file_faults(totals: FileTotals) -> Counter:
+    """What a file scenario met: drops by kind, kills by point, re-uploads racing a run,
+    duplicate runs, operators' replays."""
+    return (named("drop", totals.drops) + named("kill at", totals.kills)
+            + named("re-upload racing at", totals.reupload_races)
+            + Counter({"duplicate run": totals.duplicate_runs, "replay": totals.replays}))
+
+
 def run_file_chaos(postgres: ThrowawayPostgres, seed: int, scenarios: int, *,
                    lines: tuple[int, int] = (20, 80), cli_share: float = 0.25,
                    claims: bool = True, reverts: bool = False, template: str | None = None,
-                   keep: bool = False, log=print) -> FileTotals:
-    """Run the scenarios in a workspace of their own and print the summary."""
+                   keep: bool = False, log=print, tally: Tally | None = None) -> FileTotals:
+    """Run the scenarios in a workspace of their own and print the summary (and, per scenario
+    and fault, ``tally`` it)."""
     started = time.monotonic()
     workspace = file_workspace(postgres, template, keep)
     try:
         suite = FileSuite(workspace, seed, lines=lines, cli_share=cli_share, claims=claims,
                           reverts=reverts, log=log)
+
+        def findings(totals: FileTotals) -> dict[str, int]:
+            return {"differences": totals.differences, "duplicates": totals.duplicates,
+                    "unsettled": totals.unsettled, "stuck": len(workspace.stuck_runs())}
+
+        if tally is not None:
+            tallied(suite, "file", tally, file_faults, findings)
         totals = suite.run(scenarios)
+        if tally is not None:
+            tally.settle("file", "end", **findings(totals))
     finally:
         if keep:
             log(f"work dir kept: {workspace.root}")

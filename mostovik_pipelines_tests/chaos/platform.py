@@ -53,6 +53,7 @@ from mostovik_pipelines_tests.chaos.scenarios import (
     partition_pool,
     random_rate,
 )
+from mostovik_pipelines_tests.chaos.tally import Tally, named, tallied
 from mostovik_pipelines_tests.support.celery_workers import CeleryWorker
 from mostovik_pipelines_tests.support.disk import (
     fill,
@@ -81,6 +82,11 @@ ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
 RUNS_LIMIT_SECONDS = BACKFILL_LIMIT_SECONDS + 2 * PROCESS_START_MARGIN_SECONDS
+BOUND_SECONDS = 60.0
+"""The outage the deployment promises to ride out: each store's first outage lasts this long
+when the range reaches it (later ones are drawn from the range)."""
+BOUNDED_KINDS = ("warehouse", "run_storage", "broker")
+OUTAGE_SECONDS = (3.0, BOUND_SECONDS)
 CELERY_GIVES_UP_SECONDS = 25.0
 """Past this, a step submitted while Redis is away meets Celery's result consumer giving up its
 reconnection (20 retries about a second apart, from a run process started a few seconds into
@@ -187,7 +193,7 @@ class PlatformEnvironment:
 
 class PlatformSuite:
     def __init__(self, platform: PlatformEnvironment, seed: int,
-                 outage_seconds: tuple[float, float] = (3.0, 30.0), log=print) -> None:
+                 outage_seconds: tuple[float, float] = OUTAGE_SECONDS, log=print) -> None:
         self.platform = platform
         self.chaos = platform.chaos
         self.seed = seed
@@ -228,6 +234,9 @@ class PlatformSuite:
                 and self.outage_seconds[1] > CELERY_GIVES_UP_SECONDS):
             outage = rng.uniform(CELERY_GIVES_UP_SECONDS, self.outage_seconds[1])
             point = "queued"
+        if (kind in BOUNDED_KINDS and not self.totals.faults[kind]
+                and self.outage_seconds[1] >= BOUND_SECONDS):
+            outage = BOUND_SECONDS  # the promise, to the letter, once per store
         length = "until-written" if kind == "disk_full" else f"{outage:.0f}s"
         notes = [kind, f"{length}@{point}", "backfill" if backfill else "runs",
                  f"{partitions[0]}..{partitions[-1]}({len(partitions)})"]
@@ -417,9 +426,11 @@ def _partitions_of(run: RunInfo) -> tuple[str, ...]:
 
 
 def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed: int,
-                       scenarios: int, outage_seconds: tuple[float, float] = (3.0, 30.0),
-                       template: str | None = None, log=print) -> PlatformTotals:
-    """Start the deployment, run ``scenarios`` scenarios, print the summary."""
+                       scenarios: int, outage_seconds: tuple[float, float] = OUTAGE_SECONDS,
+                       template: str | None = None, log=print,
+                       tally: Tally | None = None) -> PlatformTotals:
+    """Start the deployment, run ``scenarios`` scenarios, print the summary (and, per scenario
+    and fault, ``tally`` them)."""
     started = time.monotonic()
     chaos = ChaosEnvironment(postgres=postgres, standin_server=standin_server, template=template)
     try:
@@ -429,7 +440,14 @@ def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed:
                 f"{time.monotonic() - started:.0f} s"
                 + (f" (no full-disk faults: {platform.disk_refused})"
                    if platform.disk_refused else ""))
-            totals = PlatformSuite(platform, seed, outage_seconds, log=log).run(scenarios)
+            suite = PlatformSuite(platform, seed, outage_seconds, log=log)
+            if tally is not None:
+                tallied(suite, "platform", tally, platform_faults, platform_findings)
+            totals = suite.run(scenarios)
+            if tally is not None:
+                found = platform_findings(totals)
+                found["unsettled"] += sum(f.startswith("backfill ") for f in totals.failures)
+                tally.settle("platform", "backfill not completed", **found)
         finally:
             platform.close()
     finally:
@@ -438,6 +456,17 @@ def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed:
         chaos.close()
     log(platform_summary(totals, seed, time.monotonic() - started))
     return totals
+
+
+def platform_faults(totals: PlatformTotals) -> Counter:
+    """What a platform scenario met: the part brought down."""
+    return named("down:", totals.faults)
+
+
+def platform_findings(totals: PlatformTotals) -> dict[str, int]:
+    """A failed run or a partition not materialised once is a fault not ridden out."""
+    return {"differences": totals.differences, "duplicates": totals.duplicates,
+            "unsettled": totals.failed_runs + totals.not_once, "stuck": totals.left_unfinished}
 
 
 def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:

@@ -65,13 +65,16 @@ from mostovik_pipelines.framework.load.lock import partition_lock_keys
 from mostovik_pipelines.sources.cbr_daily_rates.standin import CURRENCIES, MOSCOW, effective_date
 from mostovik_pipelines_tests.chaos.environment import (
     CLI_TIMEOUT_SECONDS,
-    FINISHED,
     SOURCE,
     WARM_TIMEOUT_SECONDS,
     ChaosEnvironment,
+    date_range,
+)
+from mostovik_pipelines_tests.chaos.harness import (
+    FINISHED,
+    LEFT_STARTED_SHARE,
     RunHandle,
     a_load_waits_for_a_lock,
-    date_range,
     wait_until,
 )
 
@@ -110,9 +113,6 @@ WAREHOUSE_CRASH_SHARE = 0.3
 fails and is settled like any failed run. Decided apart from the scenario's other choices."""
 RANGED_SHARE = 0.15
 REEXECUTION_SHARE = 0.3
-LEFT_STARTED_SHARE = 0.2
-"""Killed runs left "started" in run storage, as nothing records a killed `dagster job
-execute`; the rest are recorded as failed, as run monitoring does for daemon-launched runs."""
 CHECK_TIMEOUT_SECONDS = 120.0
 """What the liveness check's run is given before it counts as blocked (and is killed): far more
 than a free partition's run needs even on a loaded machine. Whether a dead run held the
@@ -376,7 +376,7 @@ class ChaosSuite:
 
         self.totals.ranged_runs += 1
         self.totals.runs["warm"] += 1
-        handle = self.env.start_warm_run(scope)
+        handle = self.env.start_warm(scope)
         kill_point = rng.choice(RUN_KILL_POINTS) if rng.random() < 0.25 else None
         killed = kill_point is not None and self._kill_at(rng, handle, kill_point)
         if kill_point:
@@ -465,12 +465,12 @@ class ChaosSuite:
 
     def _start(self, partition: str, cli: bool) -> RunHandle:
         self.totals.runs["cli" if cli else "warm"] += 1
-        return (self.env.start_cli_run(partition) if cli
-                else self.env.start_warm_run((partition,)))
+        return (self.env.start_cli(partition) if cli
+                else self.env.start_warm((partition,)))
 
     def _start_warm(self, scope: tuple[str, ...]) -> RunHandle:
         self.totals.runs["warm"] += 1
-        return self.env.start_warm_run(scope)
+        return self.env.start_warm(scope)
 
     def _finish(self, handle: RunHandle, rng: random.Random | None = None,
                 fetched: set[str] | None = None) -> DagsterRunStatus | None:
@@ -479,13 +479,14 @@ class ChaosSuite:
         the partitions it loaded hold, and if it succeeded, all its partitions (or those it
         ``fetched``)."""
         handle.wait(timeout=120)
-        status = self.env.run_status(handle)
+        status = self.env.status_of(handle)
         if handle.killed and status not in FINISHED:
             if rng is not None and rng.random() < LEFT_STARTED_SHARE:
                 self.totals.left_started += 1
+                self.env.leave_started(handle)
             else:
                 self.env.mark_dead_run_failed(handle)
-                status = self.env.run_status(handle)
+                status = self.env.status_of(handle)
         run_id = self.env.run_id_of(handle)
         if status in FINISHED:
             for partition in handle.partitions:
@@ -776,7 +777,7 @@ class ChaosSuite:
         for scope in _consecutive(missing):
             with psycopg.connect(dsn, autocommit=True) as connection:
                 connection.execute(f"TRUNCATE {TABLE}, quarantined_rows")
-            handle = self.env.start_warm_run(scope, reference=True)
+            handle = self.env.start_reference_run(scope)
             handle.wait(timeout=120)
             if handle.process.exitcode != 0:
                 self._fail(f"reference run of {scope[0]}..{scope[-1]} failed "

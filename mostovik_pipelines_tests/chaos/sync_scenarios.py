@@ -29,8 +29,8 @@ the stand-in's log, its requests for the whole window carry a token of a page gr
 (or one refused as expired), and any other starts at or after the last committed item (the
 window narrowed after an expired token).
 
-:class:`Workspace` is shared with :mod:`.file_scenarios`: a warehouse database, a Dagster home
-and the two ways of starting one source's job.
+Its runs start, die and are judged dead through the one harness of every suite
+(:class:`~.harness.Workspace`).
 
 ``python -m mostovik_pipelines_tests.chaos.sync_scenarios --scenarios 50 --seed N`` runs it at
 length on its own PostgreSQL and stand-in and prints the summary.
@@ -40,25 +40,16 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import dataclasses
 import json
-import multiprocessing
-import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 from zoneinfo import ZoneInfo
@@ -66,51 +57,29 @@ from zoneinfo import ZoneInfo
 import psycopg
 from dagster import (
     DagsterEventType,
-    DagsterInstance,
     DagsterRunStatus,
-    RunsFilter,
 )
 
-from mostovik_pipelines.definitions import build_code_location
-from mostovik_pipelines.framework.assets.resource_keys import (
-    LANDING_KEY,
-    WAREHOUSE_KEY,
-    source_resource_key,
-)
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
 from mostovik_pipelines.framework.retries import RetryPolicy
-from mostovik_pipelines.framework.runs.claims import hold_run_claim
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
-from mostovik_pipelines.framework.spec import SourceSpec
-from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
-from mostovik_pipelines.resources.op_outputs import OpOutputStore
+from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines.standin import StandinClient, StandinServer
-from mostovik_pipelines.warehouse import migrate
-from mostovik_pipelines_tests.chaos.environment import (
+from mostovik_pipelines_tests.chaos.harness import (
     RunHandle,
+    Workspace,
     a_load_waits_for_a_lock,
     wait_until,
 )
+from mostovik_pipelines_tests.chaos.tally import Tally, named, tallied
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 MOSCOW = ZoneInfo("Europe/Moscow")
 SOURCE = erp_work_orders.SOURCE.name
 TABLE = erp_work_orders.erp_work_orders.name
 PAGE_SIZE = erp_work_orders.PAGE_SIZE
-ATTEMPT_TAG = "chaos/attempt"
-DAGSTER = str(Path(sys.executable).parent / "dagster")
-QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-RUN_TIMEOUT_SECONDS = 300.0
-FAST_TMP = "/dev/shm"
-"""Where workspaces live when it exists: Dagster's SQLite event log and the landing store
-fsync every write, which costs a run a third of its time on disk and nothing on tmpfs."""
 WARM_RETRY = RetryPolicy(max_attempts=5, base_delay_seconds=0.05, max_delay_seconds=0.2)
 """The source's five attempts with short delays: a run survives the few faults it is given."""
-LEFT_STARTED_SHARE = 0.2
-"""Killed runs left "started" in run storage, as nothing records a killed `dagster job
-execute`; the rest are recorded as failed, as run monitoring does for daemon-launched runs."""
 ROWS_PER_COMMIT = 250
 """Windows of 300-2,000 records commit in groups of three pages (the last may be smaller), so
 a kill finds committed groups to resume after and a group is never a page."""
@@ -125,181 +94,6 @@ TOKEN_MAC_BYTES = 16
 """The MAC that ends a stand-in page token."""
 ROW_COLUMNS = ("id, object_code, title, status, planned_start, planned_finish, amount::text, "
                "updated_at, version, deleted, window_date")
-
-DAGSTER_YAML = """\
-storage:
-  sqlite:
-    base_dir: {home}/storage
-local_artifact_storage:
-  module: dagster._core.storage.root
-  class: LocalArtifactStorage
-  config:
-    base_dir: {home}
-compute_logs:
-  module: dagster._core.storage.noop_compute_log_manager
-  class: NoOpComputeLogManager
-telemetry:
-  enabled: false
-"""
-
-
-# --- where the runs happen (shared with the file suite) ------------------------------------------
-
-
-class Workspace:
-    """A warehouse database on a PostgreSQL server, a SQLite Dagster home and a work directory
-    for one source, and the two ways of starting the source's job for a partition: a forked warm
-    process (:meth:`start_warm`) and ``dagster job execute`` configured through the environment
-    (:meth:`start_cli`). The parent reads the warehouse through plain psycopg connections only:
-    a forked child would inherit a pooled engine's connections."""
-
-    def __init__(self, postgres: ThrowawayPostgres, source: SourceSpec,
-                 wiring: Callable[[Path], tuple[Any, dict[str, str]]],
-                 template: str | None = None, keep: bool = False) -> None:
-        """``wiring(root)``: the source's resource and the environment that gives a CLI run the
-        same one, for a workspace rooted at ``root``."""
-        self.postgres = postgres
-        self.keep = keep
-        self.root = Path(tempfile.mkdtemp(prefix=f"mostovik-chaos-{source.name}-",
-                                          dir=FAST_TMP if os.access(FAST_TMP, os.W_OK) else None))
-        self.database = f"chaos_{source.name[:12]}_{uuid.uuid4().hex[:8]}"
-        try:
-            self._create(source, wiring, template)
-        except BaseException:
-            self._remove()
-            raise
-
-    def _create(self, source: SourceSpec, wiring: Callable[[Path], tuple[Any, dict[str, str]]],
-                template: str | None) -> None:
-        postgres = self.postgres
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            clone = f" TEMPLATE {template}" if template else ""
-            connection.execute(f"CREATE DATABASE {self.database}{clone}")
-        self.url = postgres.url(self.database)
-        if not template:
-            migrate.upgrade(self.url)
-        self.dsn = postgres.dsn(self.database)
-        self.home = self.root / "dagster_home"
-        self.home.mkdir()
-        (self.home / "dagster.yaml").write_text(DAGSTER_YAML.format(home=self.home))
-        self.data_dir = self.root / "data"
-        self.logs = self.root / "logs"
-        self.logs.mkdir()
-        self.instance = DagsterInstance.from_config(str(self.home))
-        self.source = source
-        self.resource, cli_environment = wiring(self.root)
-        self.job_name = f"{source.name}_job"
-        self.location = build_code_location([source], {
-            WAREHOUSE_KEY: WarehouseResource(database_url=self.url),
-            LANDING_KEY: LandingStoreResource(base_dir=str(self.data_dir / "landing")),
-            "io_manager": OpOutputStore(base_dir=str(self.data_dir / "storage")),
-            source_resource_key(source): self.resource,
-        })
-        self.job = self.location.resolve_job_def(self.job_name)
-        self.cli_environment = {
-            **os.environ,
-            "DAGSTER_HOME": str(self.home),
-            "MOSTOVIK_DATABASE_URL": self.url,
-            "MOSTOVIK_DATA_DIR": str(self.data_dir),
-            "MOSTOVIK_EXECUTOR": "in_process",
-            **cli_environment,
-        }
-
-    def start_warm(self, partition: str, tags: dict[str, str] | None = None,
-                   ops_config: dict[str, Any] | None = None) -> RunHandle:
-        """A run in a forked process; ``ops_config``: the run config of its ops."""
-        attempt = uuid.uuid4().hex[:12]
-        run_id = str(uuid.uuid4())
-        log_path = self.logs / f"warm-{attempt}.log"
-        run_config = {**QUIET, **({"ops": ops_config} if ops_config else {})}
-        process = multiprocessing.get_context("fork").Process(
-            target=_warm_child,
-            args=(self.job, self.instance, partition, run_id,
-                  {**(tags or {}), ATTEMPT_TAG: attempt}, run_config, log_path),
-            daemon=True)
-        process.start()
-        return RunHandle("warm", (partition,), attempt, process, log_path, run_id)
-
-    def start_cli(self, partition: str, tags: dict[str, str] | None = None) -> RunHandle:
-        attempt = uuid.uuid4().hex[:12]
-        log_path = self.logs / f"cli-{attempt}.log"
-        run_tags = {**(tags or {}), PARTITION_TAG: partition, ATTEMPT_TAG: attempt}
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [DAGSTER, "job", "execute", "-m", "mostovik_pipelines", "-j", self.job_name,
-                 "--tags", json.dumps(run_tags, ensure_ascii=False)],
-                env=self.cli_environment, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        return RunHandle("cli", (partition,), attempt, process, log_path)
-
-    def run_id_of(self, handle: RunHandle) -> str | None:
-        if handle.run_id is None:
-            runs = self.instance.get_run_records(
-                RunsFilter(tags={ATTEMPT_TAG: handle.attempt}), limit=1)
-            if runs:
-                handle.run_id = runs[0].dagster_run.run_id
-        return handle.run_id
-
-    def status_of(self, handle: RunHandle) -> DagsterRunStatus | None:
-        run_id = self.run_id_of(handle)
-        run = self.instance.get_run_by_id(run_id) if run_id else None
-        return run.status if run else None
-
-    def has_event(self, handle: RunHandle, event_type: DagsterEventType,
-                  step_prefix: str | None = None) -> bool:
-        run_id = self.run_id_of(handle)
-        if run_id is None:
-            return False
-        records = self.instance.get_records_for_run(run_id, of_type=event_type).records
-        return any(step_prefix is None
-                   or (record.event_log_entry.step_key or "").startswith(step_prefix)
-                   for record in records)
-
-    def finish(self, handle: RunHandle, rng: random.Random) -> DagsterRunStatus | None:
-        """Wait for the run's process; a killed run is recorded as failed (run monitoring's
-        verdict) or, sometimes, left "started" as a killed `dagster job execute` stays."""
-        handle.wait(timeout=RUN_TIMEOUT_SECONDS)
-        if handle.killed and rng.random() >= LEFT_STARTED_SHARE:
-            run_id = self.run_id_of(handle)
-            run = self.instance.get_run_by_id(run_id) if run_id else None
-            if run is not None and run.status not in FINISHED:
-                self.instance.report_run_failed(run, "killed by the chaos suite (kill -9)")
-        return self.status_of(handle)
-
-    def close(self) -> None:
-        self.instance.dispose()
-        self._remove()
-
-    def _remove(self) -> None:
-        with contextlib.suppress(Exception), psycopg.connect(
-                self.postgres.dsn(), autocommit=True) as connection:
-            connection.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
-        if not self.keep:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _warm_child(job, instance: DagsterInstance, partition: str, run_id: str,
-                tags: dict[str, str], run_config: dict[str, Any], log_path: Path) -> None:
-    """The body of a forked warm run; its exit code is 0 when the run succeeded. It uses the
-    parent's instance: its SQLite storages hold no connection between calls (``NullPool``), and
-    loading the instance again would cost the run a second."""
-    success = False
-    try:
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        # execute_in_process has no executor of ours to hold the run's claim between steps.
-        with hold_run_claim(instance, run_id):
-            result = job.execute_in_process(partition_key=partition, instance=instance,
-                                            run_id=run_id, raise_on_error=False, tags=tags,
-                                            run_config=run_config)
-        success = result.success
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0 if success else 1)
-
 
 def counts_text(counter: Counter) -> str:
     return ", ".join(f"{key} {n}" for key, n in sorted(counter.items())) or "none"
@@ -856,18 +650,37 @@ def sync_workspace(postgres: ThrowawayPostgres, standin_server: StandinServer,
                      template=template, keep=keep)
 
 
+def sync_faults(totals: SyncTotals) -> Counter:
+    """What a sync scenario met: source faults, kills by point, source changes, duplicate runs,
+    old windows re-run after newer ones."""
+    return (named("source", totals.faults) + named("kill at", totals.kills)
+            + named("change", totals.source_changes)
+            + Counter({"duplicate run": totals.duplicate_runs,
+                       "old window re-run": totals.old_window_reruns}))
+
+
 def run_sync_chaos(postgres: ThrowawayPostgres, standin_server: StandinServer, seed: int,
                    scenarios: int, *, windows: int = 4, records: tuple[int, int] = (300, 2000),
                    cli_share: float = 0.3, max_steps: int = 3, template: str | None = None,
-                   keep: bool = False, log=print) -> SyncTotals:
-    """Run the scenarios in a workspace of their own and print the summary."""
+                   keep: bool = False, log=print, tally: Tally | None = None) -> SyncTotals:
+    """Run the scenarios in a workspace of their own and print the summary (and, per scenario
+    and fault, ``tally`` it)."""
     started = time.monotonic()
     workspace = sync_workspace(postgres, standin_server, template, keep)
     standin = StandinClient(standin_server.url)
     try:
         suite = SyncSuite(workspace, standin, seed, windows=windows, records=records,
                           cli_share=cli_share, max_steps=max_steps, log=log)
+
+        def findings(totals: SyncTotals) -> dict[str, int]:
+            return {"differences": totals.differences, "duplicates": totals.duplicates,
+                    "unsettled": totals.unsettled, "stuck": len(workspace.stuck_runs())}
+
+        if tally is not None:
+            tallied(suite, "sync", tally, sync_faults, findings)
         totals = suite.run(scenarios)
+        if tally is not None:
+            tally.settle("sync", "end", **findings(totals))
     finally:
         standin.clear_faults()
         standin.reset_erp()

@@ -44,7 +44,7 @@ from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECOND
 from mostovik_pipelines_tests.support.warehouse import physical_snapshot, table_rows
 
 PARTITION = "2026-11-04"
-OUTAGE_SECONDS = 20
+OUTAGE_SECONDS = 60
 
 
 @pytest.fixture
@@ -234,13 +234,13 @@ def outage_warehouse():
 
 
 @pytest.mark.slow
-def test_a_warehouse_outage_of_twenty_seconds_at_the_start_of_a_run_is_ridden_out(
+def test_a_warehouse_outage_of_a_minute_at_the_start_of_a_run_is_ridden_out(
     outage_warehouse, standin_server, standin, tmp_path
 ):
     """The warehouse crashes (``pg_ctl -m immediate``) before a `dagster job execute` run of a
-    partition and comes back once the run has ridden out 20 s of it: the run succeeds with the
-    partition loaded once, each wait logged with its reason (a failover takes 10 to 60 s; the
-    load step's three attempts used to fail the run within 2 s)."""
+    partition and comes back once the run has ridden out 60 s of it (the promised bound): the run
+    succeeds with the partition loaded once, each wait logged with its reason (a failover takes
+    10 to 60 s; the load step's three attempts used to fail the run within 2 s)."""
     env = run_environment(tmp_path, outage_warehouse.url(), standin_server.cbr_url)
     outage_warehouse.pause()
     run = start_job_execute(PARTITION, env, tmp_path)
