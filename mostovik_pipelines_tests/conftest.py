@@ -15,12 +15,11 @@ from dagster import DagsterInstance
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.instances import TEMPLATE_DB, production_instance
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
-TEMPLATE_DB = "mostovik_template"
 LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
                  "test_celery_deployment.py", "test_calendar_sync_daemon.py",
                  "test_chaos_platform.py", "test_webserver.py",

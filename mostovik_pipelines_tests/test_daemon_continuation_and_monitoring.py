@@ -32,6 +32,7 @@ from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support import daily_runs_location
+from mostovik_pipelines_tests.support.graphql import BACKFILL_LIMIT_SECONDS, RUN_LIMIT_SECONDS
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
@@ -43,11 +44,7 @@ from mostovik_pipelines_tests.support.waiting import (
     wait_until,
 )
 from mostovik_pipelines_tests.support.warehouse import table_rows
-from mostovik_pipelines_tests.support.webserver import (
-    BACKFILL_LIMIT_SECONDS,
-    RUN_LIMIT_SECONDS,
-    DagsterServices,
-)
+from mostovik_pipelines_tests.support.webserver import DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

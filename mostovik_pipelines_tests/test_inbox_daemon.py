@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support import delivery_reports as reports
+from mostovik_pipelines_tests.support.graphql import RunInfo
 from mostovik_pipelines_tests.support.inbox import (
     JOB,
     SENSOR,
@@ -32,10 +30,10 @@ from mostovik_pipelines_tests.support.inbox import (
     sensor_ticks,
     sorted_rows,
 )
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import limit_for
-from mostovik_pipelines_tests.support.webserver import DagsterServices, RunInfo
+from mostovik_pipelines_tests.support.webserver import DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -51,27 +49,14 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
     """Webserver and daemon on a fresh production instance database, a fresh warehouse, and
     an inbox and archive of their own."""
     work_dir = tmp_path_factory.mktemp("inbox_daemon")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_inbox_{suffix}", f"wh_inbox_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, environment = production_instance(postgres, dagster_db, work_dir)
-    environment.update({
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_INBOX_DIR": str(work_dir / "inbox"),
-        "MOSTOVIK_ARCHIVE_DIR": str(work_dir / "archive"),
-        "MOSTOVIK_EXECUTOR": "in_process",
-        "MOSTOVIK_INBOX_SENSOR_INTERVAL_SECONDS": str(SENSOR_INTERVAL_SECONDS),
-    })
-    try:
+    with fresh_deployment(postgres, standin_server, work_dir, "inbox") as (home, environment):
+        environment.update({
+            "MOSTOVIK_INBOX_DIR": str(work_dir / "inbox"),
+            "MOSTOVIK_ARCHIVE_DIR": str(work_dir / "archive"),
+            "MOSTOVIK_INBOX_SENSOR_INTERVAL_SECONDS": str(SENSOR_INTERVAL_SECONDS),
+        })
         with DagsterServices(work_dir, home, environment) as running:
             yield running
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def _runs_of(services: DagsterServices, version: str) -> list[RunInfo]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -39,9 +38,9 @@ from mostovik_pipelines.maintenance.prune import prune
 from mostovik_pipelines.settings import landing_dir, storage_dir
 from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
+from mostovik_pipelines_tests.support.graphql import BACKFILL_LIMIT_SECONDS
 from mostovik_pipelines_tests.support.inbox import drop
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
 from mostovik_pipelines_tests.support.waiting import (
     limit_for,
@@ -49,7 +48,7 @@ from mostovik_pipelines_tests.support.waiting import (
     wait_until,
 )
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver
-from mostovik_pipelines_tests.support.webserver import BACKFILL_LIMIT_SECONDS, DagsterServices
+from mostovik_pipelines_tests.support.webserver import DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -110,36 +109,22 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook
     the alert webhook set, the ERP source's last sync three hours old, and the alert sensors
     past their first tick."""
     work_dir = tmp_path_factory.mktemp("webserver")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_ui_{suffix}", f"wh_ui_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, environment = production_instance(postgres, dagster_db, work_dir)
-    environment.update({
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_ERP_URL": standin_server.erp_url,
-        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_EXECUTOR": "in_process",
-        "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
-        # The alert sensors look more often here (15 s by default): the alert tests wait on them.
-        "MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS": str(ALERT_SENSOR_INTERVAL_SECONDS),
-        # Dagster's own: how often the daemon evaluates freshness policies (default 30 s).
-        "FRESHNESS_DAEMON_INTERVAL_SECONDS": str(FRESHNESS_INTERVAL_SECONDS),
-    })
-    _last_synced_hours_ago(home, environment, STALE_SOURCE, hours=3)
-    services = DagsterServices(work_dir, home, environment,
-                               stopped_schedules=[f"{STALE_SOURCE}_schedule"])
-    services.environment["MOSTOVIK_UI_URL"] = services.url  # the links in alerts
-    try:
+    with fresh_deployment(postgres, standin_server, work_dir, "ui") as (home, environment):
+        environment.update({
+            "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
+            # The alert sensors look more often here (15 s by default): alert tests wait on them.
+            "MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS": str(ALERT_SENSOR_INTERVAL_SECONDS),
+            # Dagster's own: how often the daemon evaluates freshness policies (default 30 s).
+            "FRESHNESS_DAEMON_INTERVAL_SECONDS": str(FRESHNESS_INTERVAL_SECONDS),
+        })
+        _last_synced_hours_ago(home, environment, STALE_SOURCE, hours=3)
+        services = DagsterServices(work_dir, home, environment,
+                                   stopped_schedules=[f"{STALE_SOURCE}_schedule"])
+        services.environment["MOSTOVIK_UI_URL"] = services.url  # the links in alerts
         with services as running:
             for name in ALERT_SENSORS:
                 running.graphql.wait_for_sensor_tick(name, ALERT_SENSOR_INTERVAL_SECONDS)
             yield running
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def _last_synced_hours_ago(home, environment: dict[str, str], source: str, hours: int) -> None:

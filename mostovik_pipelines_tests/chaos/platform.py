@@ -62,19 +62,18 @@ from mostovik_pipelines_tests.support.disk import (
     unmount_small_disk,
     why_no_small_disk,
 )
+from mostovik_pipelines_tests.support.graphql import (
+    BACKFILL_LIMIT_SECONDS,
+    TERMINAL_BACKFILL_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    GraphQLError,
+    RunInfo,
+)
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
-from mostovik_pipelines_tests.support.webserver import (
-    BACKFILL_LIMIT_SECONDS,
-    SUPERVISOR_RESTART_SECONDS,
-    TERMINAL_BACKFILL_STATUSES,
-    TERMINAL_RUN_STATUSES,
-    DagsterServices,
-    GraphQLError,
-    RunInfo,
-)
+from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS, DagsterServices
 
 KINDS = ("warehouse", "run_storage", "broker", "daemon", "disk_full")
 SCENARIO_TAG = "chaos/scenario"

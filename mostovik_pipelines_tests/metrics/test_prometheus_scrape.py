@@ -12,20 +12,17 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-import psycopg
 import pytest
 
 from mostovik_pipelines.standin import StandinClient, StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.instances import (
     create_instance_storage,
-    production_instance,
+    fresh_deployment,
 )
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, free_port
 from mostovik_pipelines_tests.support.prometheus import ThrowawayPrometheus
@@ -54,25 +51,10 @@ def environment(postgres: ThrowawayPostgres, standin_server: StandinServer,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The production instance on a fresh database and a fresh warehouse."""
     work_dir = tmp_path_factory.mktemp("metrics")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_metrics_{suffix}", f"wh_metrics_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, settings = production_instance(postgres, dagster_db, work_dir)
-    settings.update({
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_EXECUTOR": "in_process",
-    })
-    environment = {**os.environ, **settings}
-    create_instance_storage(home, environment)
-    try:
+    with fresh_deployment(postgres, standin_server, work_dir, "metrics") as (home, settings):
+        environment = {**os.environ, **settings}
+        create_instance_storage(home, environment)
         yield environment
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def _execute(environment: dict[str, str], job: str, partition: date | None = None) -> int:

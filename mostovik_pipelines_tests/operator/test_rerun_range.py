@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -34,11 +33,11 @@ from mostovik_pipelines.framework.runs.tags import (
     REQUESTED_BY_TAG,
 )
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.graphql import BACKFILL_LIMIT_SECONDS
+from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
 from mostovik_pipelines_tests.support.waiting import wait_for_hanging_request
-from mostovik_pipelines_tests.support.webserver import BACKFILL_LIMIT_SECONDS, DagsterServices
+from mostovik_pipelines_tests.support.webserver import DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -62,29 +61,15 @@ REASON = "CBR down in week 47, ticket OPS-112"
 def services(postgres: ThrowawayPostgres, standin_server: StandinServer,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServices]:
     work_dir = tmp_path_factory.mktemp("rerun")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_rerun_{suffix}", f"wh_rerun_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, environment = production_instance(postgres, dagster_db, work_dir)
-    environment.update({
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_ERP_URL": standin_server.erp_url,
-        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_EXECUTOR": "in_process",
-        # The held fetch stays held until the test releases it, not retried after 30 s.
-        "MOSTOVIK_CBR_TIMEOUT_SECONDS": "300",
-    })
-    services = DagsterServices(work_dir, home, environment, stopped_schedules=[
-        f"{SOURCE}_schedule", "cbr_metal_prices_schedule", "erp_work_orders_schedule"])
-    try:
+    with fresh_deployment(postgres, standin_server, work_dir, "rerun") as (home, environment):
+        environment.update({
+            # The held fetch stays held until the test releases it, not retried after 30 s.
+            "MOSTOVIK_CBR_TIMEOUT_SECONDS": "300",
+        })
+        services = DagsterServices(work_dir, home, environment, stopped_schedules=[
+            f"{SOURCE}_schedule", "cbr_metal_prices_schedule", "erp_work_orders_schedule"])
         with services as running:
             yield running
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def _mostovik(services: DagsterServices, *args: str) -> subprocess.CompletedProcess:

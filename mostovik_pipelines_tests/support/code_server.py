@@ -14,15 +14,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, DagsterGraphQL, GraphQLError
+from mostovik_pipelines_tests.support.graphql_queries import PYTHON_ERROR_FRAGMENT
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import DAGSTER
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
-from mostovik_pipelines_tests.support.webserver import (
-    LOCATION_NAME,
-    PYTHON_ERROR_FRAGMENT,
-    DagsterGraphQL,
-    GraphQLError,
-)
 
 WORKSPACE = Path(__file__).resolve().parents[2] / "deploy" / "workspace.yaml"
 PORT_SETTING = "MOSTOVIK_CODE_SERVER_PORT"

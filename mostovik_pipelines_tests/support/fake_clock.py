@@ -56,6 +56,7 @@ from dagster._core.workspace.load import location_origins_from_yaml_paths
 
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support import dagster_daemon
+from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, REPOSITORY_NAME
 from mostovik_pipelines_tests.support.instances import RUN_QUEUE_INTERVAL_SECONDS
 from mostovik_pipelines_tests.support.machine import MachineNotReady
 from mostovik_pipelines_tests.support.processes import REPO
@@ -64,12 +65,7 @@ from mostovik_pipelines_tests.support.waiting import (
     limit_for,
     wait_until,
 )
-from mostovik_pipelines_tests.support.webserver import (
-    ANSI_COLOUR,
-    LOCATION_NAME,
-    REPOSITORY_NAME,
-    daemon_unit_environment,
-)
+from mostovik_pipelines_tests.support.webserver import ANSI_COLOUR, daemon_unit_environment
 
 MOSCOW = ZoneInfo("Europe/Moscow")
 """Every schedule of the code location runs on Moscow time (UTC+3, no DST)."""

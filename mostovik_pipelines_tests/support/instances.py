@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from unittest import mock
 
@@ -12,12 +14,15 @@ import yaml
 from dagster import DagsterInstance
 
 from mostovik_pipelines.framework.dagster_compat import run_event_log_dir
+from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_QUEUE_INTERVAL_SECONDS = 1
 """How often the tests' daemon launches queued runs: the run coordinator's
 ``dequeue_interval_seconds``, set in the tests' copy of deploy/dagster.yaml (its default: 5 s)."""
+TEMPLATE_DB = "mostovik_template"
+"""The migrated warehouse every test's database is cloned from (made once per test worker)."""
 
 
 def production_instance(postgres: ThrowawayPostgres, database: str,
@@ -60,3 +65,30 @@ def runs_with_event_log_files(instance: DagsterInstance) -> set[str] | None:
     if shards is None:
         return None
     return {path.name.partition(".db")[0] for path in shards.iterdir()} - {"index"}
+
+
+@contextlib.contextmanager
+def fresh_deployment(postgres: ThrowawayPostgres, standin_server: StandinServer, work_dir: Path,
+                     name: str) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A fresh production instance database and a fresh warehouse cloned from the template, for
+    the Dagster processes of one test module: the DAGSTER_HOME, and the environment they read
+    (the instance's settings, the warehouse, the stand-in's CBR and ERP, a data directory, the
+    in-process executor) for the module to add its own to. Both databases are dropped after."""
+    suffix = uuid.uuid4().hex[:8]
+    dagster_db, warehouse_db = f"dagster_{name}_{suffix}", f"wh_{name}_{suffix}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
+    try:
+        home, environment = production_instance(postgres, dagster_db, work_dir)
+        environment.update({
+            "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
+            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+            "MOSTOVIK_ERP_URL": standin_server.erp_url,
+            "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
+            "MOSTOVIK_EXECUTOR": "in_process",
+        })
+        yield home, environment
+    finally:
+        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+            for database in (dagster_db, warehouse_db):
+                connection.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 from unittest import mock
@@ -42,8 +41,8 @@ from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.graphql import RUN_LIMIT_SECONDS
+from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
 from mostovik_pipelines_tests.support.processes import DAGSTER
 from mostovik_pipelines_tests.support.waiting import (
@@ -53,7 +52,7 @@ from mostovik_pipelines_tests.support.waiting import (
     wait_until,
 )
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver
-from mostovik_pipelines_tests.support.webserver import RUN_LIMIT_SECONDS, DagsterServices
+from mostovik_pipelines_tests.support.webserver import DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -90,27 +89,14 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook
     """Webserver and daemon on a fresh production instance (run retries on, once) and a fresh
     warehouse; a held fetch waits for the test, not for the source's 30 s timeout."""
     work_dir = tmp_path_factory.mktemp("dead_runs")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_dead_{suffix}", f"wh_dead_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, environment = production_instance(postgres, dagster_db, work_dir)
-    environment.update({
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_EXECUTOR": "in_process",
-        "MOSTOVIK_CBR_TIMEOUT_SECONDS": "600",
-        "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
-    })
-    try:
+    with fresh_deployment(postgres, standin_server, work_dir, "dead") as (home, environment):
+        environment.update({
+            "MOSTOVIK_CBR_TIMEOUT_SECONDS": "600",
+            "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
+        })
         with DagsterServices(work_dir, home, environment) as running:
             running.graphql.wait_for_sensor_tick(DEAD_RUNS_SENSOR, INTERVAL_SECONDS)
             yield running
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture(scope="module")
