@@ -9,21 +9,13 @@ one JSON line: seconds, rows, counts (ours), the RSS before the load and the pro
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
-import resource
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from benchmarks.measure import serve_cases
 
 
 def _read_frame(path: str):
@@ -163,19 +155,5 @@ CASES: dict[str, Callable[[dict[str, Any]], Callable[[], dict[str, Any]]]] = {
 }
 
 
-def main() -> None:
-    name, args = sys.argv[1], json.loads(sys.argv[2])
-    if name == "generate":
-        print(json.dumps(generate(args)))
-        return
-    run = CASES[name](args)
-    rss_before = psutil.Process().memory_info().rss
-    started = time.perf_counter()
-    result = run()
-    seconds = time.perf_counter() - started
-    print(json.dumps({**result, "seconds": seconds, "rss_before": rss_before,
-                      "peak_rss": _peak_rss_bytes()}))
-
-
 if __name__ == "__main__":
-    main()
+    serve_cases(CASES, generate)

@@ -30,22 +30,15 @@ and prints one JSON line, like ``benchmarks.cases``.
 
 from __future__ import annotations
 
-import json
-import os
-import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from benchmarks.measure import ROOT, Figure
+from benchmarks.measure import Figure, run_case, serve_cases
 
 DATABASE = "files"
 TABLE = "material_deliveries"
@@ -317,14 +310,7 @@ def _check_naive(db, rows: int, case: str) -> None:
 
 def _run(name: str, args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     """Run a case of this module in a fresh process; its JSON line as a dict."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.files", name, json.dumps(args)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-        env={**os.environ, **env, "DAGSTER_TELEMETRY_ENABLED": "false"},
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"files case {name} failed:\n{completed.stderr[-4000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return run_case(name, args, "benchmarks.files", {**env, "DAGSTER_TELEMETRY_ENABLED": "false"})
 
 
 # --- the cases, each in a process of its own ----------------------------------------------------
@@ -497,19 +483,5 @@ def sensor(args: dict[str, Any]):
 CASES = {"ours": ours, "naive": naive, "sensor": sensor}
 
 
-def main() -> None:
-    name, args = sys.argv[1], json.loads(sys.argv[2])
-    if name == "generate":
-        print(json.dumps(generate(args)))
-        return
-    run = CASES[name](args)
-    rss_before = psutil.Process().memory_info().rss
-    started = time.perf_counter()
-    result = run()
-    seconds = time.perf_counter() - started
-    print(json.dumps({**result, "seconds": seconds, "rss_before": rss_before,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-
-
 if __name__ == "__main__":
-    main()
+    serve_cases(CASES, generate)

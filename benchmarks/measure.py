@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,15 +18,38 @@ ROOT = Path(__file__).resolve().parent.parent
 MB = 1024 * 1024
 
 
-def run_case(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Run ``benchmarks.cases`` in a fresh process; its JSON line as a dict."""
+def run_case(name: str, args: dict[str, Any], module: str = "benchmarks.cases",
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run case ``name`` of ``module`` (a module whose ``__main__`` is :func:`serve_cases`) in a
+    fresh process, with ``env`` added to this one's; its JSON line as a dict."""
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cases", name, json.dumps(args)],
+        [sys.executable, "-m", module, name, json.dumps(args)],
         cwd=ROOT, capture_output=True, text=True, check=False,
+        env=None if env is None else {**os.environ, **env},
     )
     if completed.returncode != 0:
-        raise RuntimeError(f"case {name} failed:\n{completed.stderr[-4000:]}")
+        raise RuntimeError(f"{module} case {name} failed:\n{completed.stderr[-4000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def serve_cases(cases: Mapping[str, Callable[[dict[str, Any]], Callable[[], dict[str, Any]]]],
+                generate: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    """The ``__main__`` of a module of cases: ``<name> <json args>`` builds the case, then times
+    its run and prints what it returns with its seconds and memory (resident before the run,
+    peak of the process) as one JSON line; ``generate`` makes the case's data instead."""
+    import psutil
+
+    name, args = sys.argv[1], json.loads(sys.argv[2])
+    if name == "generate" and generate is not None:
+        print(json.dumps(generate(args)))
+        return
+    run = cases[name](args)
+    rss_before = psutil.Process().memory_info().rss
+    started = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - started
+    print(json.dumps({**result, "seconds": seconds, "rss_before": rss_before,
+                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
 def run_command(command: list[str], env: dict[str, str]) -> float:

@@ -27,20 +27,15 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from benchmarks.measure import ROOT, Figure
+from benchmarks.measure import Figure, run_case, serve_cases
 
 DATABASE = "sync"
 TABLE = "erp_work_orders"
@@ -221,15 +216,9 @@ def _check_rows(db, sql: str, params: tuple, expected: int, who: str) -> None:
 
 def _run(name: str, args: dict[str, Any]) -> dict[str, Any]:
     """Run a case of this module in a fresh process; its JSON line as a dict."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.sync", name, json.dumps(args)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-        env={**os.environ, "MOSTOVIK_ERP_PAGE_SIZE": str(args.get("page_size", PAGE_SIZE)),
-             "RUNTIME__DLTHUB_TELEMETRY": "false", "DAGSTER_TELEMETRY_ENABLED": "false"},
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"sync case {name} failed:\n{completed.stderr[-4000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return run_case(name, args, "benchmarks.sync", {
+        "MOSTOVIK_ERP_PAGE_SIZE": str(args.get("page_size", PAGE_SIZE)),
+        "RUNTIME__DLTHUB_TELEMETRY": "false", "DAGSTER_TELEMETRY_ENABLED": "false"})
 
 
 def _window_params(day: str) -> dict[str, str]:
@@ -369,16 +358,5 @@ def dlt_sync(args: dict[str, Any]):
 CASES = {"fetch": fetch, "ours": ours, "dlt": dlt_sync}
 
 
-def main() -> None:
-    name, args = sys.argv[1], json.loads(sys.argv[2])
-    run = CASES[name](args)
-    rss_before = psutil.Process().memory_info().rss
-    started = time.perf_counter()
-    result = run()
-    seconds = time.perf_counter() - started
-    print(json.dumps({**result, "seconds": seconds, "rss_before": rss_before,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-
-
 if __name__ == "__main__":
-    main()
+    serve_cases(CASES)

@@ -21,17 +21,22 @@ from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
+                 "test_dead_runs.py", "test_rerun_range.py",
+                 "test_daemon_continuation_and_monitoring.py",
                  "test_celery_deployment.py", "test_calendar_sync_daemon.py",
-                 "test_chaos_platform.py", "test_webserver.py",
+                 "test_chaos_platform.py", "test_webserver.py", "test_production_instance.py",
+                 "test_code_server_deployment.py", "test_prometheus_scrape.py",
                  "test_erp_work_orders.py", "test_chaos.py", "test_recovery.py", "test_cli.py",
-                 "test_production_instance.py", "test_bad_input.py",
+                 "test_prune.py", "test_fence_processes.py", "test_rerun_on_celery.py",
+                 "test_stores_on_s3.py", "test_celery_deployment_on_s3.py", "test_bad_input.py",
                  "test_chaos_sync_and_files.py", "test_retries.py", "test_locking.py",
                  "test_inbox_daemon.py", "test_tracking.py", "test_security.py",
                  "test_material_deliveries.py", "test_fake_clock.py")
-"""Test modules of 30 s or more (summed ``--durations=0`` of a whole ``make test``), longest
-first. ``make test`` hands whole modules to its workers in this order (``--dist loadfile
---no-loadscope-reorder``: xdist would otherwise order modules by their number of tests);
-started first, the long ones do not end up alone at the tail while the other workers idle."""
+"""Test modules of 30 s or more (summed ``--durations=0`` of a whole ``make test``; the daemon,
+re-run, code server, metrics and object-store modules by their own runs), longest first.
+``make test`` hands whole modules to its workers in this order (``--dist loadfile
+--no-loadscope-reorder``: xdist would otherwise order modules by their number of tests); started
+first, the long ones do not end up alone at the tail while the other workers idle."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
