@@ -30,7 +30,6 @@ from dagster import (
 from mostovik_pipelines.framework.dagster_compat import PickledObjectFilesystemIOManager
 from mostovik_pipelines.framework.errors import PermanentError, classify
 from mostovik_pipelines.framework.retries import RetryPolicy, StepContext, failure_for
-from mostovik_pipelines.framework.runs.claims import ensure_run_claim
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.resources.stores import store_options
 from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV
@@ -78,6 +77,9 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         # The fence: a run that lost its claim hands nothing on (RunClaimLost fails the step).
+        # Imported here: the claims bring psycopg, which loading the code location must not.
+        from mostovik_pipelines.framework.runs.claims import ensure_run_claim
+
         ensure_run_claim(context.run_id)
         try:
             self._riding_out_outages(

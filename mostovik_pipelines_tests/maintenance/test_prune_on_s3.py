@@ -62,15 +62,15 @@ def test_a_prune_a_year_on_over_the_s3_api_applies_the_directorys_policy(
         assert _what_an_operator_reads(dagster, location) == before
 
         # The numbers of the same history pruned on a directory (test_prune.py): every run's
-        # op outputs, one run, three landed objects (the first day's older record, the failed
-        # day's older record and blob).
+        # op outputs, one run, one landed object (the first day's older record; the failed
+        # day's older fetch stays, the stored rows came from it).
         assert report.counts[OP_OUTPUTS] == len(runs) and report.counts[RUNS] == 1
-        assert report.counts[LANDING] == 3
+        assert report.counts[LANDING] == 1
         assert report.size_bytes[OP_OUTPUTS] > 0 and report.size_bytes[LANDING] > 0
         assert not s3.buckets.objects("outputs")
         landing_after = s3.buckets.objects("landing")
         assert landing_after < objects_before["landing"]
-        assert len(objects_before["landing"] - landing_after) == 3
+        assert len(objects_before["landing"] - landing_after) == 1
         assert not [key for key in landing_after if ".pruning-" in key]
         assert not _prune(dagster, location, urls, later).removed_anything
 

@@ -44,7 +44,8 @@ def test_the_webhook_gets_the_alert_as_json(receiver, caplog):
         "kind": "run_failure", "source": "cbr_daily_rates", "period": "2026-11-04",
         "job_status": "failed", "error_class": "permanent", "error_kind": "request_rejected",
         "message": ALERT.message, "link": ALERT.link, "run_id": "abc",
-        "code_location": "mostovik_pipelines", "text": ALERT.summary()}]
+        "code_location": "mostovik_pipelines", "requested_by": None, "reason": None,
+        "text": ALERT.summary()}]
 
 
 def test_a_transient_failure_is_retried_and_the_alert_sent_once(receiver, caplog):
