@@ -45,7 +45,8 @@ dev: install
 ## and outage tests spend much of their time waiting on daemons, workers and restarts, and more
 ## processes use it (a clean clone: 384.65 s with four, 411.42 s with three, one after the
 ## other on a quiet machine; with the fake-clock daemon tests, 687 s with four, 861 s with
-## five). TEST_WORKERS=0 runs it in this process.
+## five; with the 60 s outages, the dead-run, re-run, code server, metrics and object-store
+## tests, 1123 s of pytest with four, 803 tests). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 4
 test: install-dev system-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
