@@ -20,7 +20,7 @@ RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 # A step's host, process, executor and Celery task are no tags: each step reports them in an
-# engine event (see tracking.record_step), so the run list shows only what operators filter by.
+# engine event (see lifecycle.record_step), so the run list shows only what operators filter by.
 
 # Written by the run itself as it ends (see tracking.job_status_of), or for a run that died
 # without a word, by the job status sensor once run storage marks it failed:

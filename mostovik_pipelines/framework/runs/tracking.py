@@ -18,8 +18,6 @@ ADR's terms:
 from __future__ import annotations
 
 import enum
-import os
-import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -31,7 +29,6 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
-    OpExecutionContext,
     PartitionKeyRange,
     RunRecord,
     RunsFilter,
@@ -48,9 +45,7 @@ from mostovik_pipelines.framework.runs.tags import (
     RERUN_OF_TAG,
     SOURCE_TAG,
     STATUS_TAG,
-    business_tags,
 )
-from mostovik_pipelines.settings import EXECUTOR_ENV
 
 if TYPE_CHECKING:
     from mostovik_pipelines.framework.spec import SourceSpec
@@ -64,7 +59,7 @@ STEP_HOST = "mostovik/host"
 STEP_PID = "mostovik/pid"
 STEP_EXECUTOR = "mostovik/executor"
 STEP_CELERY_TASK = "mostovik/celery_task"
-"""Metadata of the engine event each step reports as it starts (:func:`record_step`)."""
+"""Metadata of the engine event each step reports as it starts (``lifecycle.record_step``)."""
 
 
 class JobStatus(enum.StrEnum):
@@ -172,35 +167,6 @@ class Job:
                     duration_seconds=self.duration_seconds,
                     started_at=_iso(self.started_at), ended_at=_iso(self.ended_at))
         return data
-
-
-def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
-    """As each step starts: tag the run with its business job tags if it lacks them (a UI asset
-    backfill run gets them here) and as running (its final status replaces that), and report
-    the step's host, process, executor and Celery task as an engine event of the step, on the
-    run page where they are read, not in the run list."""
-    from mostovik_pipelines.execution import current_celery_task_id
-    from mostovik_pipelines.framework.dagster_compat import EngineEventData
-
-    run_tags = context.run.tags
-    missing = {k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v}
-    if run_tags.get(STATUS_TAG) != JobStatus.RUNNING.value:
-        # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the
-        # parent's final status among them: the run list must not show it as this run's.
-        missing[STATUS_TAG] = JobStatus.RUNNING.value
-    if missing:
-        context.instance.add_run_tags(context.run_id, missing)
-    process = {STEP_HOST: socket.gethostname(), STEP_PID: str(os.getpid()),
-               STEP_EXECUTOR: os.environ.get(EXECUTOR_ENV, "in_process")}
-    task_id = current_celery_task_id()
-    if task_id:
-        process[STEP_CELERY_TASK] = task_id
-    context.instance.report_engine_event(
-        f"{context.op.name} on {process[STEP_HOST]}, pid {process[STEP_PID]}, "
-        f"{process[STEP_EXECUTOR]} executor" + (f", celery task {task_id}" if task_id else ""),
-        context.run, EngineEventData(process),
-        step_key=context.get_step_execution_context().step.key,
-    )
 
 
 def load_job(instance: DagsterInstance, run_id: str, sources: Sequence[SourceSpec]) -> Job:
@@ -375,7 +341,7 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
 
 
 def _step_process(event: DagsterEvent) -> dict[str, str] | None:
-    """The host, process, executor and Celery task a step reported (:func:`record_step`)."""
+    """The host, process, executor and Celery task a step reported (``lifecycle.record_step``)."""
     data = event.engine_event_data
     if data is None or STEP_HOST not in data.metadata:
         return None

@@ -4,6 +4,8 @@ and what a failure does (retry, fail the run, or set a ranged run's partition as
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 from collections.abc import Iterator
 
@@ -19,14 +21,26 @@ from mostovik_pipelines.framework.retries import (
 )
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
-from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY, PERMANENT, STATUS_TAG
-from mostovik_pipelines.framework.runs.tracking import JobStatus, record_step
+from mostovik_pipelines.framework.runs.tags import (
+    ERROR_CLASS_KEY,
+    PERMANENT,
+    STATUS_TAG,
+    business_tags,
+)
+from mostovik_pipelines.framework.runs.tracking import (
+    STEP_CELERY_TASK,
+    STEP_EXECUTOR,
+    STEP_HOST,
+    STEP_PID,
+    JobStatus,
+)
 from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import (
     PartitionFailure,
     PartitionSkipped,
     StepOutcomes,
 )
+from mostovik_pipelines.settings import EXECUTOR_ENV
 
 OBJECT_STORE_AWAY = "object_store_unreachable"
 CONCURRENT_RUN_POLL_SECONDS = 3.0
@@ -117,3 +131,32 @@ def stopped(context: OpExecutionContext, reason: str) -> StepOutcomes:
     """Every partition of the run skipped, for ``reason`` (the concurrent-run policy)."""
     return StepOutcomes(context.run_id,
                         {key: PartitionSkipped(key, reason) for key in context.partition_keys})
+
+
+def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
+    """As each step starts: tag the run with its business job tags if it lacks them (a UI asset
+    backfill run gets them here) and as running (its final status replaces that), and report
+    the step's host, process, executor and Celery task as an engine event of the step, on the
+    run page where they are read, not in the run list."""
+    from mostovik_pipelines.execution import current_celery_task_id
+    from mostovik_pipelines.framework.dagster_compat import EngineEventData
+
+    run_tags = context.run.tags
+    missing = {k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v}
+    if run_tags.get(STATUS_TAG) != JobStatus.RUNNING.value:
+        # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the
+        # parent's final status among them: the run list must not show it as this run's.
+        missing[STATUS_TAG] = JobStatus.RUNNING.value
+    if missing:
+        context.instance.add_run_tags(context.run_id, missing)
+    process = {STEP_HOST: socket.gethostname(), STEP_PID: str(os.getpid()),
+               STEP_EXECUTOR: os.environ.get(EXECUTOR_ENV, "in_process")}
+    task_id = current_celery_task_id()
+    if task_id:
+        process[STEP_CELERY_TASK] = task_id
+    context.instance.report_engine_event(
+        f"{context.op.name} on {process[STEP_HOST]}, pid {process[STEP_PID]}, "
+        f"{process[STEP_EXECUTOR]} executor" + (f", celery task {task_id}" if task_id else ""),
+        context.run, EngineEventData(process),
+        step_key=context.get_step_execution_context().step.key,
+    )
