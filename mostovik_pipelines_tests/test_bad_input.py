@@ -23,7 +23,6 @@ from dagster import (
     AssetKey,
     AssetRecordsFilter,
     DagsterEventType,
-    build_run_status_sensor_context,
     build_sensor_context,
 )
 
@@ -36,7 +35,7 @@ from mostovik_pipelines_tests.support.inbox import drop, inbox_dirs, inbox_resou
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
-from mostovik_pipelines_tests.support.webhook import WebhookReceiver
+from mostovik_pipelines_tests.support.webhook import WebhookReceiver, evaluate_run_failure_alerts
 
 CORPUS = Path(__file__).parent / "corpus"
 OUTCOMES = {"failed", "partial", "not_available", "loaded"}
@@ -189,7 +188,8 @@ def _check_the_shape(case: Case, spec, job, instance, partition: str, standin, t
         assert (check.passed, check.severity) == (False, AssetCheckSeverity.WARN)
         assert expected["check"] in check.description, check.description
     if failed_run is not None:
-        _run_failure_alert(instance, failed_run, webhook)  # said by the shape alert instead
+        # Said by the shape alert instead.
+        evaluate_run_failure_alerts(instance, failed_run, webhook)
     tick = _shape_alert_sensor(instance, webhook)
     [alert] = webhook.alerts
     assert (alert["kind"], alert["source"], alert["period"]) == (
@@ -217,18 +217,6 @@ def _send_again(case: Case, spec, job, instance, standin, tmp_path: Path) -> str
     standin.clear_faults()
     assert result.success == (case.expect["outcome"] != "failed")
     return partition
-
-
-def _run_failure_alert(instance, run_id: str, webhook: WebhookReceiver) -> None:
-    """The run-failure sensor evaluated on the failed run, as the daemon would."""
-    [sensor] = [s for s in alert_sensors(ALL_SOURCES) if s.name == "run_failure_alerts"]
-    [failure] = instance.get_records_for_run(
-        run_id, of_type=DagsterEventType.RUN_FAILURE).records
-    sensor(build_run_status_sensor_context(
-        "run_failure_alerts", failure.event_log_entry.dagster_event, instance,
-        instance.get_run_by_id(run_id),
-        resources={"alert_notifier": AlertNotifierResource(webhook_url=webhook.url)},
-    ).for_run_failure())
 
 
 def _shape_alert_sensor(instance, webhook: WebhookReceiver):

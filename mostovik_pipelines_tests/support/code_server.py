@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, DagsterGraph
 from mostovik_pipelines_tests.support.graphql_queries import PYTHON_ERROR_FRAGMENT
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import DAGSTER
-from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 WORKSPACE = Path(__file__).resolve().parents[2] / "deploy" / "workspace.yaml"
 PORT_SETTING = "MOSTOVIK_CODE_SERVER_PORT"
@@ -77,14 +76,13 @@ class CodeServer:
                 command, env={**os.environ, **environment, **self.settings},
                 cwd=self.working_dir, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while STARTED_LINE not in self.log():
+        def serving() -> bool:
             if self._process.poll() is not None:
                 raise AssertionError(f"code server exited with {self._process.returncode}:\n"
                                      f"{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"code server not serving in time:\n{self.log()[-3000:]}")
-            time.sleep(0.2)
+            return STARTED_LINE in self.log()
+
+        wait_until(serving, timeout, "the code server serving", lambda: self.log()[-3000:])
         return self
 
     def log(self) -> str:

@@ -9,7 +9,6 @@ backfill's, a sensor's ticks), never a fixed time.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +36,11 @@ from mostovik_pipelines_tests.support.graphql_queries import (
     WORKSPACE_QUERY,
 )
 from mostovik_pipelines_tests.support.instances import RUN_QUEUE_INTERVAL_SECONDS
-from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, limit_for
+from mostovik_pipelines_tests.support.waiting import (
+    PROCESS_START_MARGIN_SECONDS,
+    limit_for,
+    wait_until,
+)
 
 LOCATION_NAME = "mostovik_pipelines"
 REPOSITORY_NAME = "__repository__"
@@ -228,15 +231,13 @@ class DagsterGraphQL:
                                timeout: float = BACKFILL_LIMIT_SECONDS) -> list[RunInfo]:
         """The backfill's runs once the daemon has launched one and they are all finished,
         without waiting for the daemon to mark the backfill itself finished (its next pass)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def finished() -> list[RunInfo]:
             runs = self.runs_of_backfill(backfill_id)
-            if runs and all(run.status in TERMINAL_RUN_STATUSES for run in runs):
-                return runs
-            if time.monotonic() > deadline:
-                raise AssertionError(f"backfill {backfill_id}: runs {runs} not finished after "
-                                     f"{timeout:.0f} s\n{self.diagnostics()}")
-            time.sleep(0.5)
+            return runs if runs and all(r.status in TERMINAL_RUN_STATUSES for r in runs) else []
+
+        return wait_until(finished, timeout, f"backfill {backfill_id}: its runs finished",
+                          lambda: f"runs {self.runs_of_backfill(backfill_id)}\n"
+                                  f"{self.diagnostics()}", poll=0.5)
 
     def runs(self, runs_filter: Mapping[str, Any], limit: int = 100) -> list[RunInfo]:
         """Runs matching a GraphQL ``RunsFilter``, newest first."""
@@ -306,32 +307,27 @@ class DagsterGraphQL:
 
     def wait_for_run(self, run_id: str, timeout: float = RUN_LIMIT_SECONDS) -> RunInfo:
         """The run once it is SUCCESS, FAILURE or CANCELED; fails after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def finished() -> RunInfo | None:
             run = self.run(run_id)
-            if run.status in TERMINAL_RUN_STATUSES:
-                return run
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"run {run_id} still {run.status} after {timeout:.0f} s\n{self.diagnostics()}"
-                )
-            time.sleep(0.5)
+            return run if run.status in TERMINAL_RUN_STATUSES else None
+
+        return wait_until(finished, timeout, f"run {run_id} finished",
+                          lambda: f"status {self.run(run_id).status}\n{self.diagnostics()}",
+                          poll=0.5)
 
     def wait_for_backfill(self, backfill_id: str,
                           timeout: float = BACKFILL_LIMIT_SECONDS) -> BackfillInfo:
         """The backfill once the daemon has finished it; fails after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def finished() -> BackfillInfo | None:
             backfill = self.backfill_status(backfill_id)
-            if backfill.status in TERMINAL_BACKFILL_STATUSES:
-                return backfill
-            if time.monotonic() > deadline:
-                runs = [(run.run_id, run.status) for run in self.runs_of_backfill(backfill_id)]
-                raise AssertionError(
-                    f"backfill {backfill_id} still {backfill.status} after {timeout:.0f} s; "
-                    f"its runs: {runs}\n{self.diagnostics()}"
-                )
-            time.sleep(1)
+            return backfill if backfill.status in TERMINAL_BACKFILL_STATUSES else None
+
+        def state() -> str:
+            runs = [(run.run_id, run.status) for run in self.runs_of_backfill(backfill_id)]
+            return (f"still {self.backfill_status(backfill_id).status}; its runs: {runs}\n"
+                    f"{self.diagnostics()}")
+
+        return wait_until(finished, timeout, f"backfill {backfill_id} finished", state, poll=1)
 
     def asset_node(self, asset_key: str) -> dict[str, Any]:
         """What the asset graph and the asset page show of an asset: description, group,
@@ -384,26 +380,18 @@ class DagsterGraphQL:
     def wait_for_sensor_tick(self, sensor_name: str, interval_seconds: float) -> None:
         """Once the daemon has evaluated the sensor (every ``interval_seconds``) at least
         once."""
-        timeout = limit_for(interval_seconds)
-        deadline = time.monotonic() + timeout
-        while not self.sensor_ticks(sensor_name):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"sensor {sensor_name} has no tick after {timeout:.0f} s\n"
-                                     f"{self.diagnostics()}")
-            time.sleep(1)
+        wait_until(lambda: self.sensor_ticks(sensor_name), limit_for(interval_seconds),
+                   f"sensor {sensor_name}: a tick", self.diagnostics, poll=1)
 
     def wait_for_more_ticks(self, sensor_name: str, count: int,
                             interval_seconds: float) -> None:
         """Until the daemon has evaluated the sensor (every ``interval_seconds``) ``count`` more
         times than so far."""
-        timeout = limit_for(interval_seconds, count)
         seen = {tick["id"] for tick in self.sensor_ticks(sensor_name)}
-        deadline = time.monotonic() + timeout
-        while len({tick["id"] for tick in self.sensor_ticks(sensor_name)} - seen) < count:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"sensor {sensor_name}: fewer than {count} new ticks in "
-                                     f"{timeout:.0f} s\n{self.diagnostics()}")
-            time.sleep(1)
+        wait_until(
+            lambda: len({tick["id"] for tick in self.sensor_ticks(sensor_name)} - seen) >= count,
+            limit_for(interval_seconds, count), f"sensor {sensor_name}: {count} new ticks",
+            self.diagnostics, poll=1)
 
     def _repository_selector(self) -> dict[str, str]:
         return {"repositoryLocationName": self.location_name,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import yaml
 
 from mostovik_pipelines_tests.support.machine import require_binary
 from mostovik_pipelines_tests.support.postgres import free_port
-from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
+from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 SCRAPE_INTERVAL_SECONDS = 2
 """The tests' scrape interval and timeout (deploy/README's sample: 30 s and 20 s)."""
@@ -47,15 +46,20 @@ class ThrowawayPrometheus:
                  f"--storage.tsdb.path={self.work_dir / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{self.port}"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + PROCESS_START_MARGIN_SECONDS
-        while True:
+        def ready() -> bool:
+            if self._process.poll() is not None:
+                raise AssertionError(f"prometheus exited:\n{self.log()[-3000:]}")
             with contextlib.suppress(httpx.TransportError):
-                if self._http.get("/-/ready").status_code == 200:
-                    return self
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise AssertionError(f"prometheus not ready:\n{self.log()[-3000:]}")
-            time.sleep(0.2)
+                return self._http.get("/-/ready").status_code == 200
+            return False
+
+        try:
+            wait_until(ready, PROCESS_START_MARGIN_SECONDS, "prometheus ready",
+                       lambda: self.log()[-3000:])
+        except AssertionError:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._http.close()

@@ -71,3 +71,22 @@ class WebhookReceiver:
                 raise AssertionError(f"no matching alert in {timeout:.0f} s; received: "
                                      f"{self.alerts}")
             time.sleep(0.5)
+
+
+def evaluate_run_failure_alerts(instance: Any, run_id: str, webhook: WebhookReceiver) -> None:
+    """The ``run_failure_alerts`` sensor evaluated on the failed run ``run_id``, as the daemon
+    would, with its alerts sent to ``webhook``."""
+    from dagster import DagsterEventType, build_run_status_sensor_context
+
+    from mostovik_pipelines.framework.runs.alerts import alert_sensors
+    from mostovik_pipelines.resources.notifier import AlertNotifierResource
+    from mostovik_pipelines.sources import ALL_SOURCES
+
+    [sensor] = [s for s in alert_sensors(ALL_SOURCES) if s.name == "run_failure_alerts"]
+    [failure] = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.RUN_FAILURE).records
+    sensor(build_run_status_sensor_context(
+        "run_failure_alerts", failure.event_log_entry.dagster_event, instance,
+        instance.get_run_by_id(run_id),
+        resources={"alert_notifier": AlertNotifierResource(webhook_url=webhook.url)},
+    ).for_run_failure())

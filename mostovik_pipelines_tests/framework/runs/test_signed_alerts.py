@@ -8,14 +8,12 @@ from collections.abc import Iterator
 from datetime import date
 
 import pytest
-from dagster import DagsterEventType, DagsterInstance, build_run_status_sensor_context
+from dagster import DagsterInstance
 
-from mostovik_pipelines.framework.runs.alerts import alert_sensors
 from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
-from mostovik_pipelines.resources.notifier import AlertNotifierResource
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.locations import code_location_for
-from mostovik_pipelines_tests.support.webhook import WebhookReceiver
+from mostovik_pipelines_tests.support.webhook import WebhookReceiver, evaluate_run_failure_alerts
 
 FAILING_DAY = date(2024, 3, 5)
 WHO = "a.petrova"
@@ -40,14 +38,7 @@ def _failed_run(job, instance: DagsterInstance, standin, tags: dict[str, str]) -
 
 def _alert_for(instance: DagsterInstance, run_id: str, webhook: WebhookReceiver) -> dict:
     """The run-failure sensor evaluated on the failed run, as the daemon would; its alert."""
-    [sensor] = [s for s in alert_sensors(ALL_SOURCES) if s.name == "run_failure_alerts"]
-    [failure] = instance.get_records_for_run(
-        run_id, of_type=DagsterEventType.RUN_FAILURE).records
-    sensor(build_run_status_sensor_context(
-        "run_failure_alerts", failure.event_log_entry.dagster_event, instance,
-        instance.get_run_by_id(run_id),
-        resources={"alert_notifier": AlertNotifierResource(webhook_url=webhook.url)},
-    ).for_run_failure())
+    evaluate_run_failure_alerts(instance, run_id, webhook)
     [alert] = webhook.wait_for(lambda alert: alert["run_id"] == run_id)
     return alert
 
