@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
+from mostovik_pipelines.framework.runs.dead_runs import DEAD_RUNS_SENSOR, INTERVAL_SECONDS
 from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines_tests.support.graphql import RUN_LIMIT_SECONDS
 from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
@@ -64,7 +65,9 @@ def _tuesday_to_thursday(weeks_back: int) -> list[str]:
 
 
 # Tuesday to Thursday carry rates of their own (see standin/cbr.py); a week of its own per test.
-ORCHESTRATOR_DAYS, WORKER_DAYS = _tuesday_to_thursday(5), _tuesday_to_thursday(4)
+ORCHESTRATOR_DAYS, LOST_HOST_DAYS, WORKER_DAYS = (_tuesday_to_thursday(5), _tuesday_to_thursday(3),
+                                                 _tuesday_to_thursday(4))
+FAILURE_REASON_TAG = "dagster/failure_reason"
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +128,14 @@ def _seconds_until_failed(services: DagsterServices, instance: DagsterInstance, 
     return time.monotonic() - killed_at
 
 
+def _gone(pid: int) -> bool:
+    """Whether the process has ended (a zombie nobody has reaped yet has ended too)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _messages(instance: DagsterInstance, run_id: str, event_type: DagsterEventType) -> list[str]:
     return [record.dagster_event.message or "" for record in instance.all_logs(
         run_id, of_type=event_type)]
@@ -162,6 +173,7 @@ def _retried_once_signed_and_exact(services: DagsterServices, instance: DagsterI
     assert loaded == _business_rows(pg_warehouse_url)
 
 
+@pytest.mark.timeout(900)
 def test_a_rerun_whose_orchestrating_process_is_killed_is_failed_within_a_minute_and_retried(
     services, instance, standin, standin_server, pg_warehouse_url, tmp_path
 ):
@@ -189,6 +201,47 @@ def test_a_rerun_whose_orchestrating_process_is_killed_is_failed_within_a_minute
                                    pg_warehouse_url, standin_server, tmp_path)
 
 
+@pytest.mark.timeout(900)
+def test_a_rerun_whose_orchestrating_process_dies_with_the_daemon_is_marked_while_its_step_runs(
+    services, instance, standin, standin_server, pg_warehouse_url, tmp_path
+):
+    """The process driving the run dies with the code server that started it and the daemon (a
+    lost host, systemd's restart of the daemon's unit) while its extract step goes on on a
+    Celery worker: nothing of Dagster's is left to notice, and the step the dead process left on
+    its worker still holds the run's claim there. Once the daemon is back, the dead-run sensor
+    marks the run failed within a minute all the same, as an infrastructure failure naming why;
+    the retry waits for that step to end (its partitions are still being worked on), and loads."""
+    days = LOST_HOST_DAYS
+    standin.fault("hang", seconds=600, match=_query(days[0]))
+    backfill_id = _submit_rerun(services, days)
+    run_id = _the_run_held_on_a_worker(services, instance, standin, backfill_id, days)
+    pid = _orchestrating_pid(instance, run_id)
+    standin.clear_faults()
+
+    services.kill_daemon(with_its_group=True)
+    wait_until(lambda: _gone(pid), PROCESS_START_MARGIN_SECONDS,
+               f"run {run_id}'s orchestrating process {pid} gone with the daemon")
+    services.start_daemon()
+    back_at = time.monotonic()
+    assert instance.get_run_by_id(run_id).status is DagsterRunStatus.STARTED
+    seconds = _seconds_until_failed(services, instance, run_id, back_at)
+    # Marked while the step it left on the worker is still inside its fetch.
+    assert any(_query(days[0]) in request["query"] for request in standin.hanging())
+    standin.release_hangs()
+    print(f"run {run_id} marked failed {seconds:.1f} s after the daemon was back")
+    assert seconds < MARKED_WITHIN_SECONDS, f"marked failed {seconds:.0f} s after the restart"
+    failed = instance.get_run_by_id(run_id)
+    assert failed.tags[FAILURE_REASON_TAG] == "UNEXPECTED_TERMINATION"
+    [message] = _messages(instance, run_id, DagsterEventType.RUN_FAILURE)
+    assert "Marked failed by the dead_runs sensor" in message, message
+    _retried_once_signed_and_exact(services, instance, run_id, backfill_id, days,
+                                   pg_warehouse_url, standin_server, tmp_path)
+    services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, 2, INTERVAL_SECONDS)
+    [retry] = _retries_of(instance, run_id)
+    assert instance.get_run_by_id(retry.run_id).status is DagsterRunStatus.SUCCESS
+
+
+@pytest.mark.timeout(900)
 def test_a_rerun_whose_celery_worker_is_killed_mid_step_is_failed_within_a_minute_and_retried(
     deployment, services, instance, standin, standin_server, pg_warehouse_url, tmp_path  # noqa: F811
 ):
