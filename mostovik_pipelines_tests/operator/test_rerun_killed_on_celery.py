@@ -1,7 +1,8 @@
 """A dead re-run on the production deployment with the Celery executor (deploy/dagster.yaml on
 PostgreSQL, Redis, two Celery workers, the webserver and the daemon): an operator's queued,
 signed range re-run whose orchestrating process is killed with ``kill -9`` while its step runs
-on a worker, and one whose Celery worker is killed in the middle of a step, are each marked
+on a worker, one whose orchestrating process dies with its code server and the daemon while that
+step goes on, and one whose Celery worker is killed in the middle of a step, are each marked
 failed within a minute, retried once by the daemon's run retries with who asked and why, and the
 table ends as one clean load.
 
