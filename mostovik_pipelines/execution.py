@@ -69,9 +69,10 @@ def executor_from_environment() -> ExecutorDefinition:
 
 
 def holding_run_claim(definition: ExecutorDefinition) -> ExecutorDefinition:
-    """The same executor, whose orchestrating process holds the run's claim from its first step
-    to its last (:mod:`mostovik_pipelines.framework.runs.claims`): a run is alive exactly as long
-    as the process driving it, whatever executes its steps and wherever."""
+    """The same executor, whose orchestrating process holds the run's claim and its driver
+    claim from its first step to its last (:mod:`mostovik_pipelines.framework.runs.claims`): a
+    run is alive exactly as long as the process driving it, whatever executes its steps and
+    wherever."""
     create = definition.executor_creation_fn
     assert create is not None
 
@@ -112,9 +113,9 @@ class _ClaimHoldingExecutor(Executor):
         return self.inner.step_dependency_config
 
     def execute(self, plan_context, execution_plan):
-        from mostovik_pipelines.framework.runs.claims import hold_run_claim
+        from mostovik_pipelines.framework.runs.claims import hold_driver_claim
 
-        with hold_run_claim(plan_context.instance, plan_context.run_id):
+        with hold_driver_claim(plan_context.instance, plan_context.run_id):
             yield from self.inner.execute(plan_context, execution_plan)
 
 

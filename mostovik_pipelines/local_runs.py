@@ -34,7 +34,7 @@ def run_in_process(instance: DagsterInstance, source_job: JobDefinition,
                    partitions: Sequence[str], tags: Mapping[str, str] | None = None) -> Job:
     """One run of ``source_job`` in this process for ``partitions`` (consecutive keys: more than
     one is a run over their range), and its job view."""
-    from mostovik_pipelines.framework.runs.claims import hold_run_claim
+    from mostovik_pipelines.framework.runs.claims import hold_driver_claim
     from mostovik_pipelines.framework.runs.tags import RANGE_END_TAG, RANGE_START_TAG
     from mostovik_pipelines.framework.runs.tracking import load_job
     from mostovik_pipelines.sources import ALL_SOURCES
@@ -43,8 +43,9 @@ def run_in_process(instance: DagsterInstance, source_job: JobDefinition,
     if len(partitions) > 1:
         tags.update({RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[-1]})
     run_id = str(uuid.uuid4())
-    # In-process runs have no executor of ours: this process is the run, and holds its claim.
-    with hold_run_claim(instance, run_id):
+    # In-process runs have no executor of ours: this process drives the run, and holds its
+    # claims.
+    with hold_driver_claim(instance, run_id):
         source_job.execute_in_process(
             partition_key=partitions[0] if len(partitions) == 1 else None, tags=tags,
             instance=instance, raise_on_error=False, run_id=run_id,

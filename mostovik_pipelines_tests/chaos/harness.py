@@ -49,7 +49,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
     WAREHOUSE_KEY,
     source_resource_key,
 )
-from mostovik_pipelines.framework.runs.claims import hold_run_claim
+from mostovik_pipelines.framework.runs.claims import hold_driver_claim
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
@@ -342,8 +342,8 @@ def _warm_child(job, instance: DagsterInstance | None, partitions: tuple[str, ..
     try:
         log_to(log_path)
         instance = instance or DagsterInstance.ephemeral()
-        # execute_in_process has no executor of ours to hold the run's claim between steps.
-        with hold_run_claim(instance, run_id):
+        # execute_in_process has no executor of ours to hold the run's claims between steps.
+        with hold_driver_claim(instance, run_id):
             result = job.execute_in_process(
                 partition_key=None if len(partitions) > 1 else partitions[0],
                 instance=instance, run_id=run_id, raise_on_error=False, tags=tags,

@@ -41,7 +41,10 @@ wrapped by :func:`holding_run_claim`, so ``dagster job execute``, daemon-launche
 and Celery runs are covered from their first step to their last, queue waits included), and
 every step for its own duration (``execute_in_process`` has no executor of ours; a Celery step
 holds it on its worker too). Holders take the lock shared; the check takes it exclusively
-without waiting and lets go at once: it gets it only when nobody holds the claim.
+without waiting and lets go at once: it gets it only when nobody holds the claim. The process
+driving the run also holds a second claim, the run's *driver claim* (:func:`hold_driver_claim`):
+a step left running on a Celery worker by a dead orchestrating process holds the run's claim
+but not that one, so the dead-run sensor, which looks at the driver claim, sees the run dead.
 """
 
 from __future__ import annotations
@@ -110,6 +113,31 @@ def hold_run_claim(instance: DagsterInstance, run_id: str) -> Iterator[None]:
             if entry[0] == 0:
                 del _held[run_id]
                 _release(entry[1])
+
+
+@contextlib.contextmanager
+def hold_driver_claim(instance: DagsterInstance, run_id: str) -> Iterator[None]:
+    """Hold the run's claim and its driver claim for the duration of the block: what the
+    process driving the run holds (the executor's orchestrating process, or an in-process run).
+    A step in another process (on a Celery worker, a multiprocess child) holds only the run's
+    claim, and goes on holding it when the process that submitted it dies: the run is dead all
+    the same (nobody submits its next step), which the driver claim tells
+    (:func:`driver_claim_held`), while the run's claim still keeps its partitions from another
+    run until that step ends (:mod:`.in_flight`). On PostgreSQL the driver claim is one more
+    connection, held by the orchestrating process only."""
+    with hold_run_claim(instance, run_id), hold_run_claim(instance, _driver_claim(run_id)):
+        yield
+
+
+def driver_claim_held(instance: DagsterInstance, run_id: str,
+                      taken_at: float | None = None) -> bool:
+    """Whether a live process drives the run (holds its driver claim), with the same grace
+    after a database restart as :func:`run_claim_held`."""
+    return run_claim_held(instance, _driver_claim(run_id), taken_at)
+
+
+def _driver_claim(run_id: str) -> str:
+    return f"{run_id}.driver"
 
 
 def ensure_run_claim(run_id: str) -> None:

@@ -9,9 +9,12 @@ daemon's unit restarted with its control group) or a killed ``dagster job execut
 run "started" until ``max_runtime`` (hours).
 
 The ``dead_runs`` sensor, running in the daemon, looks at every started run of a job whose
-executor holds the run's claim (:mod:`.claims`: it dies with the process) and marks a run failed
-once its claim is free on two looks at least :data:`CONFIRM_SECONDS` apart, the first of them
-past the grace of a run just starting. A live run whose claim connection the database dropped
+executor holds the run's claims (:mod:`.claims`: they die with the process) and marks a run
+failed once its driver claim, held by the process driving the run, is free on two looks at
+least :data:`CONFIRM_SECONDS` apart, the first of them past the grace of a run just starting. A
+step that process left running on a Celery worker holds the run's claim, not the driver claim:
+the run is marked while that step still runs, and its retry waits for the step to end before it
+touches the partitions (:mod:`.in_flight`). A live run whose claim connection the database dropped
 for a moment has taken it again by the second look: it is never marked. The mark is an
 infrastructure failure, ``dagster/failure_reason`` ``UNEXPECTED_TERMINATION`` with a message
 naming why, so the daemon's run retries (``run_retries`` in deploy/dagster.yaml) run a
@@ -73,7 +76,7 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def dead_runs(context: SensorEvaluationContext,
                   alert_notifier: AlertNotifierResource) -> SkipReason:
         # Imported here: loading the code location imports no database driver.
-        from mostovik_pipelines.framework.runs.claims import run_claim_held
+        from mostovik_pipelines.framework.runs.claims import driver_claim_held
 
         instance = context.instance
         watched = {job.name for job in context.repository_def.get_all_jobs()
@@ -87,7 +90,7 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
             run = record.dagster_run
             if run.job_name not in watched or not _past_start_grace(instance, record, now):
                 continue
-            if run_claim_held(instance, run.run_id, taken_at=record.start_time):
+            if driver_claim_held(instance, run.run_id, taken_at=record.start_time):
                 continue
             first_free = free_since.get(run.run_id, now)
             if now - first_free < CONFIRM_SECONDS:
@@ -120,9 +123,9 @@ def mark_dead(instance: DagsterInstance, record: RunRecord, free_since: float) -
     instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
     gone_for = time.time() - free_since
     message = (
-        "The run's process is gone: no live process has held the run's claim for "
-        f"{gone_for:.0f} s (killed, out of memory, or its machine lost), so run storage's "
-        "'started' was not true any more. Marked failed by the dead_runs sensor; "
+        "The run's process is gone: no live process has held the run's claim as the process "
+        f"driving it for {gone_for:.0f} s (killed, out of memory, or its machine lost), so run "
+        "storage's 'started' was not true any more. Marked failed by the dead_runs sensor; "
         + ("the daemon's run retries may run it again." if run.remote_job_origin else
            "run by the process that launched it (dagster job execute or another in-process "
            "run), it is not retried: re-run it."))
