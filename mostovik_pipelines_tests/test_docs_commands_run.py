@@ -13,9 +13,11 @@ the operator's "Running jobs" block (``mostovik``, ``dagster`` and ``dg``); then
 two commands in a copy of the repository as it was before the metals were added, which write
 the files the guide lists.
 
-Not run: ``make test`` (the whole suite, 20 minutes and more; it is what runs this test). The
-``text`` blocks are synopses, not commands; deploy/README.md's commands change the machine
-(``useradd``, ``systemctl``, files under /etc and /opt) and are the deployment tests' business.
+The README's prose names ``make lint`` and ``make clean``: run too (the targets not run:
+:data:`CHEAP_TARGETS`). Not run: ``make test`` (the whole suite, 20 minutes and more; it is what
+runs this test). The ``text`` blocks are synopses, not commands; deploy/README.md's commands
+change the machine (``useradd``, ``systemctl``, files under /etc and /opt) and are the
+deployment tests' business.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from mostovik_pipelines_tests import test_docs_operator_commands_run as operator
 from mostovik_pipelines_tests.support.doc_commands import (
     FENCE,
     REPO,
+    ShownCommand,
     assert_shows,
     not_run,
     run_shown,
@@ -59,6 +62,9 @@ DEV_UI = "http://127.0.0.1:3000"
 DEV_PORTS = (3000, 8765)
 """Where make dev serves the UI and the stand-in."""
 NOT_RUN = {(README, "make test"): "the whole suite: it is what runs this test"}
+CHEAP_TARGETS = ("make lint", "make clean")
+"""Targets the README names in its prose, run too. Not run: ``make screenshots`` (a 30-day demo
+and headless Chromium, minutes), ``make bench`` and ``make chaos`` (tens of minutes each)."""
 PICKED = (
     (GUIDE, "make install"), (README, "make demo"), (GUIDE, "make dev"),
     (GUIDE, ".venv/bin/mostovik db upgrade"), (GUIDE, "env $(.venv/bin/mostovik standin"),
@@ -250,6 +256,24 @@ def test_the_scaffold_writes_what_the_guide_lists(tmp_path):
                           cwd=before_the_metals, environment=environment).stdout
     assert rewritten.startswith(
         "wrote mostovik_pipelines/warehouse/migrations/versions/0007_cbr_metal_prices.py")
+
+
+def test_the_readmes_cheap_make_targets(laptop, tmp_path):
+    """``make lint`` and ``make clean``, named in the README's prose ("Other commands")."""
+    named = [target for target in CHEAP_TARGETS if f"`{target}`" in (REPO / README).read_text()]
+    assert named == list(CHEAP_TARGETS), "the README no longer names them: update this test"
+    run_shown(ShownCommand(README, "make lint"), cwd=REPO, environment=laptop.environment)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in PROJECT_FILES:
+        (checkout / name).symlink_to(REPO / name)
+    subprocess.run([".venv/bin/mostovik", "db", "upgrade"], cwd=checkout,
+                   env=laptop.environment, check=True, capture_output=True)
+    assert (checkout / ".mostovik" / "warehouse.sqlite").exists()
+
+    run_shown(ShownCommand(README, "make clean"), cwd=checkout, environment=laptop.environment)
+
+    assert not (checkout / ".mostovik").exists()
 
 
 def test_a_command_the_documents_get_wrong_fails_its_run(laptop):
