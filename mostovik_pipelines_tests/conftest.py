@@ -21,7 +21,8 @@ from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
-                 "test_dead_runs.py", "test_rerun_range.py",
+                 "test_dead_runs.py", "test_rerun_range.py", "test_docs_commands_run.py",
+                 "test_docs_operator_commands_run.py",
                  "test_daemon_continuation_and_monitoring.py",
                  "test_celery_deployment.py", "test_calendar_sync_daemon.py",
                  "test_chaos_platform.py", "test_webserver.py", "test_production_instance.py",
