@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, DagsterGraphQL, GraphQLError
-from mostovik_pipelines_tests.support.graphql_queries import PYTHON_ERROR_FRAGMENT
+from mostovik_pipelines_tests.support.graphql_queries import RELOAD_LOCATION_MUTATION
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import DAGSTER
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
@@ -22,35 +22,6 @@ from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECOND
 WORKSPACE = Path(__file__).resolve().parents[2] / "deploy" / "workspace.yaml"
 PORT_SETTING = "MOSTOVIK_CODE_SERVER_PORT"
 STARTED_LINE = "Started Dagster code server"
-
-RELOAD_LOCATION_MUTATION = """
-  mutation ReloadRepositoryLocationMutation($location: String!) {
-    reloadRepositoryLocation(repositoryLocationName: $location) {
-      __typename
-      ... on WorkspaceLocationEntry {
-        id
-        loadStatus
-        locationOrLoadError {
-          __typename
-          ... on RepositoryLocation {
-            id
-          }
-          ...PythonErrorFragment
-        }
-      }
-      ... on UnauthorizedError {
-        message
-      }
-      ... on ReloadNotSupported {
-        message
-      }
-      ... on RepositoryLocationNotFound {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
 
 
 class CodeServer:

@@ -181,44 +181,6 @@ def quarantined(url: str, partition_key: str | None = None) -> list[dict[str, An
         engine.dispose()
 
 
-# The sensor's ticks as the UI's sensor page shows them (GraphQL).
-
-SENSOR_TICKS_QUERY = """
-  query SensorTicksQuery($sensorSelector: SensorSelector!, $limit: Int) {
-    sensorOrError(sensorSelector: $sensorSelector) {
-      __typename
-      ... on Sensor {
-        id
-        name
-        minIntervalSeconds
-        sensorState {
-          id
-          status
-          ticks(limit: $limit) {
-            id
-            status
-            timestamp
-            endTimestamp
-            runIds
-            runKeys
-            skipReason
-            error {
-              message
-            }
-          }
-        }
-      }
-      ... on SensorNotFoundError {
-        message
-      }
-      ... on PythonError {
-        message
-      }
-    }
-  }
-"""
-
-
 @dataclasses.dataclass(frozen=True)
 class Tick:
     status: str
@@ -231,12 +193,8 @@ class Tick:
 
 
 def sensor_ticks(graphql, sensor_name: str = SENSOR, limit: int = 20) -> list[Tick]:
-    """The sensor's latest ticks, newest first, through the webserver's GraphQL API."""
-    selector = {"repositoryLocationName": graphql.location_name,
-                "repositoryName": graphql.repository_name, "sensorName": sensor_name}
-    sensor = graphql.execute(SENSOR_TICKS_QUERY, {"sensorSelector": selector,
-                                                  "limit": limit})["sensorOrError"]
-    assert sensor["__typename"] == "Sensor", sensor
+    """The sensor's latest ticks, newest first, as the UI's sensor page shows them (through
+    the webserver's GraphQL API)."""
     return [Tick(t["status"], t["timestamp"], t["endTimestamp"], t["runIds"], t["runKeys"],
                  t["skipReason"], (t["error"] or {}).get("message"))
-            for t in sensor["sensorState"]["ticks"]]
+            for t in graphql.sensor_ticks(sensor_name, limit)]
