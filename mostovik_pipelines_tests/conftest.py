@@ -18,6 +18,7 @@ from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines_tests.support.instances import TEMPLATE_DB, production_instance
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
@@ -135,6 +136,25 @@ def production_home(postgres, tmp_path) -> tuple[Path, dict[str, str]]:
     """A DAGSTER_HOME with deploy/dagster.yaml (PostgreSQL run storage) and its environment,
     on a fresh database."""
     return production_instance(postgres, f"dagster_{uuid.uuid4().hex[:12]}", tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def dagster_home(request, tmp_path, monkeypatch) -> str:
+    """Both run storages: the DAGSTER_HOME of a local instance (SQLite), and of the production
+    one (deploy/dagster.yaml, PostgreSQL) with the environment it reads set."""
+    if request.param == "sqlite":
+        return str(local_dagster_home(tmp_path))
+    home, environment = request.getfixturevalue("production_home")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    return str(home)
+
+
+@pytest.fixture
+def run_storage(dagster_home: str) -> Iterator[DagsterInstance]:
+    """A persistent instance on each run storage (:func:`dagster_home`)."""
+    with DagsterInstance.from_config(dagster_home) as instance:
+        yield instance
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import signal
 import time
 
 import psycopg
-import pytest
 from dagster import DagsterInstance
 
 from mostovik_pipelines.framework.runs.claims import (
@@ -21,18 +20,7 @@ from mostovik_pipelines.framework.runs.claims import (
 )
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
-from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.waiting import wait_until
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def home(request, tmp_path, monkeypatch):
-    if request.param == "sqlite":
-        return str(local_dagster_home(tmp_path))
-    home, environment = request.getfixturevalue("production_home")
-    for name, value in environment.items():
-        monkeypatch.setenv(name, value)
-    return str(home)
 
 
 def test_the_postgresql_run_storage_still_tells_its_url(production_home, monkeypatch):
@@ -45,8 +33,8 @@ def test_the_postgresql_run_storage_still_tells_its_url(production_home, monkeyp
         assert instance.run_storage.postgres_url.startswith("postgresql")
 
 
-def test_a_claim_is_held_while_held_and_nested_holders_share_it(home):
-    with DagsterInstance.from_config(home) as instance:
+def test_a_claim_is_held_while_held_and_nested_holders_share_it(dagster_home):
+    with DagsterInstance.from_config(dagster_home) as instance:
         assert not run_claim_held(instance, "run-a")
         with hold_run_claim(instance, "run-a"):
             with hold_run_claim(instance, "run-a"):
@@ -62,13 +50,13 @@ def _hold_forever(home: str, ready) -> None:
         signal.pause()
 
 
-def test_a_claim_dies_with_its_process(home):
+def test_a_claim_dies_with_its_process(dagster_home):
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    holder = context.Process(target=_hold_forever, args=(home, ready), daemon=True)
+    holder = context.Process(target=_hold_forever, args=(dagster_home, ready), daemon=True)
     holder.start()
     assert ready.wait(60)
-    with DagsterInstance.from_config(home) as instance:
+    with DagsterInstance.from_config(dagster_home) as instance:
         assert run_claim_held(instance, "run-k")
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(30)
