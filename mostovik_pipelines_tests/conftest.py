@@ -15,11 +15,17 @@ from dagster import DagsterInstance
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
-from mostovik_pipelines_tests.support.instances import TEMPLATE_DB, production_instance
+from mostovik_pipelines_tests.support.instances import (
+    TEMPLATE_DB,
+    fresh_warehouse,
+    production_instance,
+)
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.processes import local_dagster_home
+from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
+from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 
 LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
                  "test_dead_runs.py", "test_rerun_range.py",
@@ -62,12 +68,8 @@ def postgres() -> Iterator[ThrowawayPostgres]:
 
 @pytest.fixture
 def pg_warehouse_url(postgres: ThrowawayPostgres) -> Iterator[str]:
-    name = f"wh_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
-    yield postgres.url(name)
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with fresh_warehouse(postgres, f"wh_{uuid.uuid4().hex[:12]}") as url:
+        yield url
 
 
 @pytest.fixture
@@ -82,6 +84,25 @@ def warehouse_url(request: pytest.FixtureRequest) -> str:
     """Both warehouse backends."""
     fixture = "pg_warehouse_url" if request.param == "postgresql" else "sqlite_warehouse_url"
     return request.getfixturevalue(fixture)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[ThrowawayRedis]:
+    """A Redis for a module's Celery deployment: persistent, as deploy/README sets it up (a
+    restart keeps the queue and the results)."""
+    server = ThrowawayRedis(persistent=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[WebhookReceiver]:
+    """The team's alert webhook for a module's deployment, on 127.0.0.1; its URL carries a
+    secret token."""
+    with WebhookReceiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="session")
