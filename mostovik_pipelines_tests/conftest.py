@@ -193,20 +193,9 @@ def calendar(tmp_path, pg_warehouse_url, standin_server, standin):
 def s3(monkeypatch) -> Iterator:
     """An S3 API server of this test's own, its credentials and endpoint in this process's
     environment (``AWS_*``), as a deployment hands them to the stores."""
-    from mostovik_pipelines_tests.support.object_store import S3ApiServer, why_no_s3_api
+    from mostovik_pipelines_tests.support.object_store import s3_in_environment, why_no_s3_api
 
     if reason := why_no_s3_api():
         pytest.skip(reason)
-    from s3fs import S3FileSystem
-
-    server = S3ApiServer().start()
-    for name, value in server.environment.items():
-        monkeypatch.setenv(name, value)
-    # A process keeps one client per store, made from the environment it had then: a test's
-    # server is another endpoint with other credentials.
-    S3FileSystem.clear_instance_cache()
-    try:
+    with s3_in_environment(monkeypatch) as server:
         yield server
-    finally:
-        server.close()
-        S3FileSystem.clear_instance_cache()
