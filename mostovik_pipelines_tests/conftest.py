@@ -15,10 +15,17 @@ from dagster import DagsterInstance
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines.warehouse import migrate
-from mostovik_pipelines_tests.support.instances import TEMPLATE_DB, production_instance
+from mostovik_pipelines_tests.support.instances import (
+    TEMPLATE_DB,
+    fresh_warehouse,
+    production_instance,
+)
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.processes import local_dagster_home
+from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
+from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 
 LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
                  "test_dead_runs.py", "test_rerun_range.py", "test_docs_commands_run.py",
@@ -62,12 +69,8 @@ def postgres() -> Iterator[ThrowawayPostgres]:
 
 @pytest.fixture
 def pg_warehouse_url(postgres: ThrowawayPostgres) -> Iterator[str]:
-    name = f"wh_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
-    yield postgres.url(name)
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with fresh_warehouse(postgres, f"wh_{uuid.uuid4().hex[:12]}") as url:
+        yield url
 
 
 @pytest.fixture
@@ -82,6 +85,25 @@ def warehouse_url(request: pytest.FixtureRequest) -> str:
     """Both warehouse backends."""
     fixture = "pg_warehouse_url" if request.param == "postgresql" else "sqlite_warehouse_url"
     return request.getfixturevalue(fixture)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[ThrowawayRedis]:
+    """A Redis for a module's Celery deployment: persistent, as deploy/README sets it up (a
+    restart keeps the queue and the results)."""
+    server = ThrowawayRedis(persistent=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[WebhookReceiver]:
+    """The team's alert webhook for a module's deployment, on 127.0.0.1; its URL carries a
+    secret token."""
+    with WebhookReceiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="session")
@@ -138,6 +160,25 @@ def production_home(postgres, tmp_path) -> tuple[Path, dict[str, str]]:
     return production_instance(postgres, f"dagster_{uuid.uuid4().hex[:12]}", tmp_path)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def dagster_home(request, tmp_path, monkeypatch) -> str:
+    """Both run storages: the DAGSTER_HOME of a local instance (SQLite), and of the production
+    one (deploy/dagster.yaml, PostgreSQL) with the environment it reads set."""
+    if request.param == "sqlite":
+        return str(local_dagster_home(tmp_path))
+    home, environment = request.getfixturevalue("production_home")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    return str(home)
+
+
+@pytest.fixture
+def run_storage(dagster_home: str) -> Iterator[DagsterInstance]:
+    """A persistent instance on each run storage (:func:`dagster_home`)."""
+    with DagsterInstance.from_config(dagster_home) as instance:
+        yield instance
+
+
 @pytest.fixture
 def calendar(tmp_path, pg_warehouse_url, standin_server, standin):
     """Makes a source calendar run by the real daemon on a fake clock
@@ -153,20 +194,9 @@ def calendar(tmp_path, pg_warehouse_url, standin_server, standin):
 def s3(monkeypatch) -> Iterator:
     """An S3 API server of this test's own, its credentials and endpoint in this process's
     environment (``AWS_*``), as a deployment hands them to the stores."""
-    from mostovik_pipelines_tests.support.object_store import S3ApiServer, why_no_s3_api
+    from mostovik_pipelines_tests.support.object_store import s3_in_environment, why_no_s3_api
 
     if reason := why_no_s3_api():
         pytest.skip(reason)
-    from s3fs import S3FileSystem
-
-    server = S3ApiServer().start()
-    for name, value in server.environment.items():
-        monkeypatch.setenv(name, value)
-    # A process keeps one client per store, made from the environment it had then: a test's
-    # server is another endpoint with other credentials.
-    S3FileSystem.clear_instance_cache()
-    try:
+    with s3_in_environment(monkeypatch) as server:
         yield server
-    finally:
-        server.close()
-        S3FileSystem.clear_instance_cache()

@@ -5,19 +5,10 @@ deploy/ starts them, and runs driven by ``dagster job execute`` with ``MOSTOVIK_
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from unittest import mock
 
 import psycopg
 import pytest
@@ -27,20 +18,19 @@ from dagster._serdes import serialize_value
 
 from mostovik_pipelines.execution import OUTAGE_ENV, current_celery_task_id
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
-from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
-from mostovik_pipelines_tests.support.celery_workers import (
-    TASK_ID_PREFIX,
-    CeleryWorker,
-    celery_command,
-    celery_environment,
+from mostovik_pipelines_tests.support.deployments import (
+    CASE_TAG,
+    CBR_JOB,
+    JOB,
+    PARTITION_TAG,
+    Deployment,
+    business_rows,
+    celery_submissions,
+    load_cleanly,
+    step_workers,
+    two_worker_deployment,
 )
-from mostovik_pipelines_tests.support.instances import (
-    create_instance_storage,
-    production_instance,
-)
-from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import (
     ThrowawayPostgres,
     backend_waiting_on_a_lock,
@@ -56,11 +46,6 @@ from mostovik_pipelines_tests.support.warehouse import table_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-REPO = Path(__file__).resolve().parent.parent
-JOB = "cbr_daily_rates_job"
-CBR_JOB = ("-m", "mostovik_pipelines", "-j", JOB)
-PARTITION_TAG = "dagster/partition"
-CASE_TAG = "mostovik_test/case"
 BACKFILL = ["2026-11-02", "2026-11-03", "2026-11-04", "2026-11-05", "2026-11-06"]
 KILLED_PARTITION = "2026-11-09"
 RETRIED_PARTITION = "2026-11-10"
@@ -68,99 +53,7 @@ BROKER_RESTART = ["2026-11-16", "2026-11-17", "2026-11-18", "2026-11-19", "2026-
 BROKER_DOWN_SECONDS = 60
 """The promised bound: a fault that passes within a minute is ridden out."""
 OUTAGE_BUDGET_PARTITION = "2026-11-23"
-BOOKKEEPING = {"loaded_by_run", "loaded_at", "changed_by_run", "changed_at"}
 WORKER_LOST_SECONDS = 10
-
-
-@dataclass
-class Deployment:
-    """The processes and settings of one production-like deployment on this machine."""
-
-    home: Path
-    work_dir: Path
-    environment: dict[str, str]
-    warehouse_url: str
-    secrets: list[str]
-    workers: dict[str, CeleryWorker] = field(default_factory=dict)
-    runs: list[subprocess.Popen] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-
-    def start_worker(self, name: str) -> CeleryWorker:
-        worker = CeleryWorker(name, self.work_dir / f"{name}.log")
-        self.workers[name] = worker.start(self.environment, cwd=self.work_dir)
-        return worker
-
-    def start_run(self, *args: str, settings: dict[str, str] | None = None,
-                  **tags: str) -> subprocess.Popen:
-        """``dagster job execute *args`` with ``tags``, in a process of its own, with the
-        deployment's environment and ``settings``."""
-        tag_args = ["--tags", json.dumps(tags)] if tags else []
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster"), "job", "execute", *args, *tag_args],
-            env={**os.environ, **self.environment, **(settings or {})}, cwd=self.work_dir,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )
-        self.runs.append(process)
-        return process
-
-    def finish(self, process: subprocess.Popen, timeout: float = 150) -> int:
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_session(process)
-            raise
-        self.outputs.append(output)
-        return process.returncode
-
-    def stop(self) -> None:
-        """Kill any run still going, then stop the workers: nothing outlives the module."""
-        for process in self.runs:
-            _kill_session(process)
-        for worker in self.workers.values():
-            worker.stop()
-
-    def celery(self, *args: str) -> str:
-        """``deploy/bin/mostovik-celery *args``, as an operator runs it."""
-        completed = subprocess.run(
-            celery_command(*args), env=celery_environment(self.environment), cwd=self.work_dir,
-            capture_output=True, text=True, timeout=60,
-        )
-        assert completed.returncode == 0, completed.stderr[-3000:]
-        return completed.stdout
-
-    def probe(self, case: str) -> subprocess.Popen:
-        """A run of the one-step probe job that logs its Celery task id."""
-        return self.start_run("-m", "mostovik_pipelines_tests.support.celery_workers",
-                              "-a", "celery_probe_defs", "-j", "celery_probe_job",
-                              **{CASE_TAG: case})
-
-    def probe_task_ids(self, case: str) -> list[str]:
-        """The task ids the probe runs of ``case`` logged, checked against the executor's record."""
-        reported = []
-        with self.instance() as instance:
-            for run in instance.get_runs(RunsFilter(tags={CASE_TAG: case})):
-                messages = [record.user_message for record in instance.all_logs(run.run_id)]
-                (task_id,) = [m.split(TASK_ID_PREFIX, 1)[1] for m in messages
-                              if TASK_ID_PREFIX in m]
-                assert _submissions(instance, run.run_id) == [("report_celery_task", task_id)]
-                reported.append(task_id)
-        return reported
-
-    @contextmanager
-    def instance(self) -> Iterator[DagsterInstance]:
-        with (mock.patch.dict(os.environ, self.environment),
-              DagsterInstance.from_config(str(self.home)) as instance):
-            yield instance
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[ThrowawayRedis]:
-    """Persistent, as deploy/README sets up Redis: a restart keeps the queue and the results."""
-    server = ThrowawayRedis(persistent=True).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -170,43 +63,14 @@ def deployment(
 ) -> Iterator[Deployment]:
     """deploy/dagster.yaml on a fresh instance database, a fresh warehouse, shared storage and
     landing directories, and two workers, ``worker-a`` and ``worker-b``."""
-    work_dir = tmp_path_factory.mktemp("celery_deployment")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_celery_{suffix}", f"wh_celery_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, instance_environment = production_instance(postgres, dagster_db, work_dir)
-    environment = {
-        **instance_environment,
-        "MOSTOVIK_EXECUTOR": "celery",
-        "MOSTOVIK_CELERY_BROKER_URL": redis_server.url(0),
-        "MOSTOVIK_CELERY_BACKEND_URL": redis_server.url(1),
+    with two_worker_deployment(postgres, redis_server, standin_server,
+                               tmp_path_factory.mktemp("celery_deployment"), {
         "MOSTOVIK_CELERY_WORKER_LOST_SECONDS": str(WORKER_LOST_SECONDS),
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
         # Tests hold fetches at the stand-in until other runs have started (five run processes
         # take a minute or more on a loaded 2-core machine): longer than any of their waits.
         "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(PROCESS_START_MARGIN_SECONDS * 3),
-        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_STORAGE_DIR": str(work_dir / "shared" / "storage"),
-        "MOSTOVIK_LANDING_DIR": str(work_dir / "shared" / "landing"),
-        "PYTHONPATH": str(REPO),
-    }
-    deployment = Deployment(home, work_dir, environment, postgres.url(warehouse_db),
-                            secrets=[redis_server.password, postgres.password])
-    try:
-        # This module runs no webserver or daemon, which would create the tables first.
-        create_instance_storage(home, deployment.environment)
-        for name in ("worker-a", "worker-b"):
-            deployment.start_worker(name)
-        for worker in deployment.workers.values():
-            worker.wait_ready()
+    }) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def test_a_step_on_a_worker_knows_its_celery_task_id(deployment):
@@ -255,7 +119,7 @@ def test_a_backfill_spreads_over_two_workers_and_equals_the_in_process_result(
         assert sorted(run.tags[PARTITION_TAG] for run in runs) == BACKFILL
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
         placements = [
-            placement for run in runs for placement in _step_workers(instance, run.run_id).items()
+            placement for run in runs for placement in step_workers(instance, run.run_id).items()
         ]
         stored = [
             serialize_value(record) for run in runs for record in instance.all_logs(run.run_id)
@@ -270,9 +134,9 @@ def test_a_backfill_spreads_over_two_workers_and_equals_the_in_process_result(
     assert len(placements) == 3 * len(BACKFILL)
     assert all(count > 0 for count in per_worker.values()), per_worker
 
-    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, BACKFILL)
-    assert _business_rows(deployment.warehouse_url) == _business_rows(pg_warehouse_url)
-    assert len(_business_rows(pg_warehouse_url)) == 12 * len(BACKFILL)
+    load_cleanly(pg_warehouse_url, standin_server, tmp_path, BACKFILL)
+    assert business_rows(deployment.warehouse_url) == business_rows(pg_warehouse_url)
+    assert len(business_rows(pg_warehouse_url)) == 12 * len(BACKFILL)
 
     texts = stored + deployment.outputs + [w.log() for w in deployment.workers.values()]
     for secret in deployment.secrets:
@@ -288,7 +152,7 @@ def test_a_transient_failure_is_retried_as_a_new_celery_task(deployment, standin
 
     with deployment.instance() as instance:
         (run,) = instance.get_runs(RunsFilter(tags={CASE_TAG: "retried"}))
-        submissions = _submissions(instance, run.run_id)
+        submissions = celery_submissions(instance, run.run_id)
     extract_tasks = [task for step, task in submissions if step.endswith("extract_cbr_daily_rates")]
     assert len(extract_tasks) == 2 and len(set(extract_tasks)) == 2
     assert len(submissions) == 4
@@ -314,7 +178,7 @@ def test_a_run_waiting_for_another_does_not_starve_it_of_the_only_worker(deploym
                                                    CASE_TAG: "duplicate"})
         with deployment.instance() as instance:
             wait_until(lambda: any(
-                _submissions(instance, run.run_id)
+                celery_submissions(instance, run.run_id)
                 for run in instance.get_runs(RunsFilter(tags={CASE_TAG: "duplicate"}))),
                 PROCESS_START_MARGIN_SECONDS, "the duplicate's first step queued")
         standin.release_hangs()
@@ -350,7 +214,7 @@ def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_lose
     wait_for_hanging_request(standin, "/11/2026", count=2)
     with deployment.instance() as instance:
         # Every run has submitted its first step: the three not running wait in the queue.
-        wait_until(lambda: sum(bool(_submissions(instance, run.run_id)) for run in
+        wait_until(lambda: sum(bool(celery_submissions(instance, run.run_id)) for run in
                                instance.get_runs(RunsFilter(tags={CASE_TAG: "broker-restart"})))
                    == len(BROKER_RESTART), PROCESS_START_MARGIN_SECONDS * 2,
                    "every run's first step submitted to Celery", lambda: _runs_and_submissions(
@@ -371,7 +235,7 @@ def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_lose
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
         for run in runs:
             # Each of the three steps submitted once and run once: nothing lost, nothing twice.
-            submitted = [step for step, _ in _submissions(instance, run.run_id)]
+            submitted = [step for step, _ in celery_submissions(instance, run.run_id)]
             assert sorted(submitted) == sorted(set(submitted)) and len(submitted) == 3, submitted
             started = [record.step_key for record in instance.all_logs(
                 run.run_id, of_type=DagsterEventType.STEP_START)]
@@ -383,11 +247,11 @@ def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_lose
                        for message in messages), (run.tags[PARTITION_TAG], messages)
             assert any(message.startswith("Celery broker and result backend reachable again")
                        for message in messages), (run.tags[PARTITION_TAG], messages)
-    loaded = [r for r in _business_rows(deployment.warehouse_url)
+    loaded = [r for r in business_rows(deployment.warehouse_url)
               if str(r["partition_date"]) in BROKER_RESTART]
-    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, BROKER_RESTART)
+    load_cleanly(pg_warehouse_url, standin_server, tmp_path, BROKER_RESTART)
     assert len(loaded) == 12 * len(BROKER_RESTART)
-    assert loaded == _business_rows(pg_warehouse_url)
+    assert loaded == business_rows(pg_warehouse_url)
 
 
 def test_a_broker_away_past_the_outage_budget_fails_the_run_naming_the_broker(
@@ -438,7 +302,7 @@ def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
             "the load never reached its lock")
         with deployment.instance() as instance:
             (run,) = instance.get_runs(RunsFilter(tags={CASE_TAG: "worker-killed"}))
-            hostname = _step_workers(instance, run.run_id)["cbr_daily_rates.load_cbr_daily_rates"]
+            hostname = step_workers(instance, run.run_id)["cbr_daily_rates.load_cbr_daily_rates"]
         victim = next(w for w in deployment.workers.values() if w.hostname == hostname)
         victim.kill()
         killed_at = time.monotonic()
@@ -467,11 +331,11 @@ def test_a_worker_killed_in_a_load_step_fails_the_run_and_a_rerun_is_exact(
     rerun = deployment.start_run(*CBR_JOB, **{PARTITION_TAG: KILLED_PARTITION})
     assert deployment.finish(rerun) == 0, deployment.outputs[-1][-3000:]
 
-    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, [KILLED_PARTITION])
-    loaded = [r for r in _business_rows(deployment.warehouse_url)
+    load_cleanly(pg_warehouse_url, standin_server, tmp_path, [KILLED_PARTITION])
+    loaded = [r for r in business_rows(deployment.warehouse_url)
               if str(r["partition_date"]) == KILLED_PARTITION]
     assert len(loaded) == 12
-    assert loaded == _business_rows(pg_warehouse_url)
+    assert loaded == business_rows(pg_warehouse_url)
 
 
 def _runs_and_submissions(instance: DagsterInstance, case: str, standin,
@@ -483,52 +347,5 @@ def _runs_and_submissions(instance: DagsterInstance, case: str, standin,
              f"{process.communicate()[0][-3000:]}"
              for process in processes if process.poll() is not None]
     return "\n".join([f"{run.tags.get(PARTITION_TAG)} {run.run_id} {run.status.value}: "
-                      f"{_submissions(instance, run.run_id)}" for run in runs]
+                      f"{celery_submissions(instance, run.run_id)}" for run in runs]
                      + [f"hanging: {standin.hanging()}", *ended])
-
-
-def _kill_session(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate(timeout=30)
-
-
-def _load_cleanly(warehouse_url: str, standin_server: StandinServer, work_dir: Path,
-                  partitions: list[str]) -> None:
-    """The reference: ``partitions`` loaded in process, one run each, into ``warehouse_url``."""
-    reference = code_location_for(
-        warehouse_url, standin_server, work_dir, [cbr_daily_rates.SOURCE]
-    ).resolve_job_def(JOB)
-    with DagsterInstance.ephemeral() as ephemeral:
-        for partition in partitions:
-            assert reference.execute_in_process(partition_key=partition, instance=ephemeral).success
-
-
-def _business_rows(url: str) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in BOOKKEEPING}
-            for row in table_rows(url, "cbr_daily_rates")]
-
-
-def _step_workers(instance: DagsterInstance, run_id: str) -> dict[str, str]:
-    """Step key -> the Celery worker that ran it, from dagster-celery's engine events."""
-    placements = {}
-    for record in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
-        data = record.dagster_event.engine_event_data
-        worker = data.metadata.get("Celery worker") if data else None
-        if worker is not None:
-            placements[record.step_key] = worker.value
-    return placements
-
-
-def _submissions(instance: DagsterInstance, run_id: str) -> list[tuple[str, str]]:
-    """(step key, Celery task id) of every task the executor submitted, retries included."""
-    submitted = []
-    for record in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
-        data = record.dagster_event.engine_event_data
-        task_id = data.metadata.get("celery_task_id") if data else None
-        if task_id is not None:
-            submitted.append((record.step_key, task_id.value))
-    return submitted
-
-

@@ -8,36 +8,29 @@ share nothing but the databases, the broker and the buckets, as workers on separ
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
 
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
-from mostovik_pipelines_tests.support.celery_workers import CeleryWorker
-from mostovik_pipelines_tests.support.instances import (
-    create_instance_storage,
-    production_instance,
+from mostovik_pipelines_tests.support.deployments import (
+    CBR_JOB,
+    JOB,
+    PARTITION_TAG,
+    WORKERS,
+    Deployment,
+    business_rows,
+    celery_deployment,
+    load_cleanly,
+    step_workers,
 )
+from mostovik_pipelines_tests.support.instances import create_instance_storage
 from mostovik_pipelines_tests.support.object_store import S3ApiServer, why_no_s3_api
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
-from mostovik_pipelines_tests.test_celery_deployment import (
-    CBR_JOB,
-    JOB,
-    PARTITION_TAG,
-    REPO,
-    Deployment,
-    _business_rows,
-    _load_cleanly,
-    _step_workers,
-    redis_server,  # noqa: F401 (the module's fixture, shared)
-)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -77,50 +70,31 @@ def _machine(work_dir: Path, name: str, home: Path, environment: dict[str, str]
 
 @pytest.fixture(scope="module")
 def deployment(
-    postgres: ThrowawayPostgres, redis_server: ThrowawayRedis,  # noqa: F811
-    standin_server: StandinServer, s3_server: S3ApiServer,
-    tmp_path_factory: pytest.TempPathFactory,
+    postgres: ThrowawayPostgres, redis_server: ThrowawayRedis, standin_server: StandinServer,
+    s3_server: S3ApiServer, tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Deployment]:
     work_dir = tmp_path_factory.mktemp("celery_on_s3")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_s3_{suffix}", f"wh_s3_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
     (work_dir / "setup").mkdir()
-    home, instance_environment = production_instance(postgres, dagster_db, work_dir / "setup")
-    shared = {
-        **instance_environment,
-        **s3_server.environment,
-        "MOSTOVIK_EXECUTOR": "celery",
-        "MOSTOVIK_CELERY_BROKER_URL": redis_server.url(2),
-        "MOSTOVIK_CELERY_BACKEND_URL": redis_server.url(3),
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(PROCESS_START_MARGIN_SECONDS * 3),
-        "MOSTOVIK_LANDING_DIR": LANDING_URL,
-        "MOSTOVIK_STORAGE_DIR": STORAGE_URL,
-        "PYTHONPATH": str(REPO),
-    }
-    orchestrator_dir, orchestrator = _machine(work_dir, "orchestrator", home, shared)
-    deployment = Deployment(home, orchestrator_dir, orchestrator, postgres.url(warehouse_db),
-                            secrets=[redis_server.password, postgres.password,
-                                     s3_server.secret])
-    try:
-        create_instance_storage(home, orchestrator)
-        for name in ("worker-a", "worker-b"):
-            own, environment = _machine(work_dir, name, home, shared)
-            worker = CeleryWorker(name, work_dir / f"{name}.log")
-            deployment.workers[name] = worker.start(environment, cwd=own)
-        for worker in deployment.workers.values():
-            worker.wait_ready()
-        deployment.machines = [work_dir / name
-                               for name in ("orchestrator", "worker-a", "worker-b")]
-        yield deployment
-    finally:
-        deployment.stop()
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with celery_deployment(postgres, redis_server, standin_server, work_dir / "setup", "s3",
+                           broker_db=2) as (home, shared):
+        shared.update({
+            **s3_server.environment,
+            "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(PROCESS_START_MARGIN_SECONDS * 3),
+            "MOSTOVIK_LANDING_DIR": LANDING_URL,
+            "MOSTOVIK_STORAGE_DIR": STORAGE_URL,
+        })
+        orchestrator_dir, orchestrator = _machine(work_dir, "orchestrator", home, shared)
+        deployment = Deployment(home, orchestrator_dir, orchestrator,
+                                shared["MOSTOVIK_DATABASE_URL"],
+                                secrets=[redis_server.password, postgres.password,
+                                         s3_server.secret])
+        try:
+            create_instance_storage(home, orchestrator)
+            deployment.start_workers(lambda name: _machine(work_dir, name, home, shared))
+            deployment.machines = [work_dir / name for name in ("orchestrator", *WORKERS)]
+            yield deployment
+        finally:
+            deployment.stop()
 
 
 def test_a_backfill_over_two_workers_sharing_only_the_buckets_equals_the_in_process_result(
@@ -134,7 +108,7 @@ def test_a_backfill_over_two_workers_sharing_only_the_buckets_equals_the_in_proc
     with deployment.instance() as instance:
         runs = instance.get_runs(RunsFilter(job_name=JOB, tags={PARTITION_TAG: BACKFILL}))
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
-        placements = [host for run in runs for host in _step_workers(instance, run.run_id).values()]
+        placements = [host for run in runs for host in step_workers(instance, run.run_id).values()]
         run_ids = {run.run_id for run in runs}
     # A step's output was written on one machine and read on another: only through the bucket.
     assert {host for host in placements} == {w.hostname for w in deployment.workers.values()}
@@ -147,8 +121,8 @@ def test_a_backfill_over_two_workers_sharing_only_the_buckets_equals_the_in_proc
     for machine in deployment.machines:
         assert not [p for p in machine.rglob("*") if p.name in ("landing", "storage")], machine
 
-    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, BACKFILL)
-    assert _business_rows(deployment.warehouse_url) == _business_rows(pg_warehouse_url)
+    load_cleanly(pg_warehouse_url, standin_server, tmp_path, BACKFILL)
+    assert business_rows(deployment.warehouse_url) == business_rows(pg_warehouse_url)
     texts = deployment.outputs + [w.log() for w in deployment.workers.values()]
     for secret in deployment.secrets:
         assert not any(secret in text for text in texts)

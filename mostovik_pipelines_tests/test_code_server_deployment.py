@@ -13,21 +13,16 @@ changes the code without touching the installed package.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from mostovik_pipelines.standin import StandinClient, StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.celery_workers import REPO, CeleryWorker
 from mostovik_pipelines_tests.support.code_server import WORKSPACE, CodeServer, reload_location
-from mostovik_pipelines_tests.support.instances import (
-    create_instance_storage,
-    production_instance,
-)
+from mostovik_pipelines_tests.support.deployments import celery_deployment
+from mostovik_pipelines_tests.support.instances import create_instance_storage
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import wait_for_hanging_request
@@ -71,8 +66,8 @@ def _release(release_dir: Path, code: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def deployment(postgres: ThrowawayPostgres, standin_server: StandinServer,
-               tmp_path_factory: pytest.TempPathFactory
+def deployment(postgres: ThrowawayPostgres, redis_server: ThrowawayRedis,
+               standin_server: StandinServer, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[tuple[DagsterServices, CeleryWorker, Path]]:
     """The code server and a Celery worker on the first release, then the webserver and the
     daemon on deploy/workspace.yaml, on a fresh production instance and warehouse."""
@@ -80,42 +75,23 @@ def deployment(postgres: ThrowawayPostgres, standin_server: StandinServer,
     release_dir = work_dir / "release"
     release_dir.mkdir()
     _release(release_dir, FIRST_RELEASE)
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_cs_{suffix}", f"wh_cs_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, environment = production_instance(postgres, dagster_db, work_dir)
-    redis = ThrowawayRedis(persistent=True).start()
-    environment.update({
-        "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_ERP_URL": standin_server.erp_url,
-        "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-        "MOSTOVIK_EXECUTOR": "celery",
-        "MOSTOVIK_CELERY_BROKER_URL": redis.url(0),
-        "MOSTOVIK_CELERY_BACKEND_URL": redis.url(1),
-        "MOSTOVIK_STORAGE_DIR": str(work_dir / "shared" / "storage"),
-        "MOSTOVIK_LANDING_DIR": str(work_dir / "shared" / "landing"),
-        "PYTHONPATH": os.pathsep.join([str(release_dir), str(REPO)]),
-    })
-    code_server = CodeServer(RELEASE_MODULE, release_dir, work_dir / "code_server.log")
-    environment.update(code_server.settings)
-    services = DagsterServices(work_dir, home, environment, workspace_file=WORKSPACE,
-                               stopped_schedules=["erp_work_orders_schedule"])
-    worker = CeleryWorker("worker-a", work_dir / "worker-a.log")
-    try:
-        create_instance_storage(home, services.environment)
-        worker.start(services.environment, cwd=release_dir).wait_ready()
-        code_server.start(services.environment)
-        with services as running:
-            yield running, worker, release_dir
-    finally:
-        code_server.stop()
-        worker.stop()
-        redis.stop()
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with celery_deployment(postgres, redis_server, standin_server, work_dir, "cs") as (
+            home, environment):
+        environment["PYTHONPATH"] = os.pathsep.join([str(release_dir), str(REPO)])
+        code_server = CodeServer(RELEASE_MODULE, release_dir, work_dir / "code_server.log")
+        environment.update(code_server.settings)
+        services = DagsterServices(work_dir, home, environment, workspace_file=WORKSPACE,
+                                   stopped_schedules=["erp_work_orders_schedule"])
+        worker = CeleryWorker("worker-a", work_dir / "worker-a.log")
+        try:
+            create_instance_storage(home, services.environment)
+            worker.start(services.environment, cwd=release_dir).wait_ready()
+            code_server.start(services.environment)
+            with services as running:
+                yield running, worker, release_dir
+        finally:
+            code_server.stop()
+            worker.stop()
 
 
 def _rates_of(warehouse_url: str, partition: str) -> int:

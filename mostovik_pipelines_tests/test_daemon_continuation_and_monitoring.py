@@ -22,7 +22,6 @@ from collections.abc import Iterator, Mapping
 from datetime import date, timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 import yaml
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunRecord, RunsFilter
@@ -30,10 +29,9 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunReco
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, run_partitions
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support import daily_runs_location
 from mostovik_pipelines_tests.support.graphql import BACKFILL_LIMIT_SECONDS, RUN_LIMIT_SECONDS
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.instances import fresh_deployment, fresh_warehouse
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.processes import DAGSTER
@@ -92,25 +90,12 @@ def services(
     backfilled one run per day, the run queue launching one run at a time, run monitoring
     passing every :data:`MONITORING_POLL_SECONDS`."""
     work_dir = tmp_path_factory.mktemp("daemon")
-    suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_daemon_{suffix}", f"wh_daemon_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    home, environment = production_instance(postgres, dagster_db, work_dir)
-    settings = yaml.safe_load((home / "dagster.yaml").read_text())
-    settings["concurrency"]["runs"]["max_concurrent_runs"] = 1
-    settings["run_monitoring"]["poll_interval_seconds"] = MONITORING_POLL_SECONDS
-    (home / "dagster.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
-    environment.update(
-        {
-            "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-            "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(FETCH_TIMEOUT_SECONDS),
-            "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-            "MOSTOVIK_EXECUTOR": "in_process",
-        }
-    )
-    try:
+    with fresh_deployment(postgres, standin_server, work_dir, "daemon") as (home, environment):
+        settings = yaml.safe_load((home / "dagster.yaml").read_text())
+        settings["concurrency"]["runs"]["max_concurrent_runs"] = 1
+        settings["run_monitoring"]["poll_interval_seconds"] = MONITORING_POLL_SECONDS
+        (home / "dagster.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+        environment["MOSTOVIK_CBR_TIMEOUT_SECONDS"] = str(FETCH_TIMEOUT_SECONDS)
         with DagsterServices(
             work_dir,
             home,
@@ -119,10 +104,6 @@ def services(
             stopped_schedules=[s.name for s in daily_runs_location.defs.schedules or ()],
         ) as running:
             yield running
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for name in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture
@@ -377,10 +358,7 @@ def _clean_load(
 ) -> list[tuple]:
     """The rows one clean run per day loads into an empty warehouse, from the same stand-in."""
     database = f"wh_clean_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {database} TEMPLATE {TEMPLATE_DB}")
-    try:
-        url = postgres.url(database)
+    with fresh_warehouse(postgres, database) as url:
         job = code_location_for(
             url, standin_server, work_dir / database, [cbr_daily_rates.SOURCE]
         ).resolve_job_def(JOB)
@@ -390,9 +368,6 @@ def _clean_load(
                     partition_key=day, instance=instance, run_config=QUIET
                 ).success
         return _rows(url, days)
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            connection.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
 def _query(day: str) -> str:

@@ -96,13 +96,6 @@ PRUNED_DATES = [_last_week(weekday) - timedelta(days=7) for weekday in (1, 2, 3)
 
 
 @pytest.fixture(scope="module")
-def webhook() -> Iterator[WebhookReceiver]:
-    """The team's alert webhook, on 127.0.0.1; its URL carries a secret token."""
-    with WebhookReceiver() as receiver:
-        yield receiver
-
-
-@pytest.fixture(scope="module")
 def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook: WebhookReceiver,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServices]:
     """Webserver and daemon on a fresh production instance database and a fresh warehouse, with

@@ -65,60 +65,47 @@ def location(sqlite_warehouse_url, standin_server, standin, tmp_path, cbr_source
     return code_location_for(sqlite_warehouse_url, standin_server, tmp_path, [cbr_source])
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def dagster(request, tmp_path, monkeypatch) -> DagsterInstance:
-    """The local instance (SQLite) and the production one (deploy/dagster.yaml, PostgreSQL)."""
-    if request.param == "sqlite":
-        home = local_dagster_home(tmp_path)
-    else:
-        home, environment = request.getfixturevalue("production_home")
-        for name, value in environment.items():
-            monkeypatch.setenv(name, value)
-    with DagsterInstance.from_config(str(home)) as instance:
-        yield instance
-
-
-def _history(location, dagster, standin) -> dict[str, str]:
+def _history(location, run_storage, standin) -> dict[str, str]:
     """Each day loaded, the first one twice with changed rates, and the last one failed for
     good the second time: a run per step of a partition's life."""
     job = location.resolve_job_def("cbr_daily_rates_job")
     runs = {}
     for day in DAYS:
-        runs[day] = run_partition(job, day, dagster).run_id
+        runs[day] = run_partition(job, day, run_storage).run_id
     standin.change_cbr_rates(DAYS[0], set_values={"USD": "75,0000"})
-    runs["changed"] = run_partition(job, DAYS[0], dagster).run_id
+    runs["changed"] = run_partition(job, DAYS[0], run_storage).run_id
     standin.fault("malformed", times=-1, match="date_req=04/11/2026")
-    failed = run_partition(job, DAYS[2], dagster)
+    failed = run_partition(job, DAYS[2], run_storage)
     assert not failed.success
     runs["failed"] = failed.run_id
     standin.clear_faults()
     return runs
 
 
-def _what_an_operator_reads(dagster: DagsterInstance, location) -> dict:
+def _what_an_operator_reads(run_storage: DagsterInstance, location) -> dict:
     check_keys = list(location.resolve_asset_graph().asset_check_keys)
-    latest = dagster.get_latest_storage_id_by_partition(
+    latest = run_storage.get_latest_storage_id_by_partition(
         ASSET, DagsterEventType.ASSET_MATERIALIZATION)
     metadata = {}
     for day in DAYS:
-        [record] = dagster.fetch_materializations(
+        [record] = run_storage.fetch_materializations(
             AssetRecordsFilter(asset_key=ASSET, asset_partitions=[day]),
             limit=1).records
         materialization = record.event_log_entry.asset_materialization
         metadata[day] = (record.run_id, {k: v.value for k, v in materialization.metadata.items()})
-    storage = dagster.event_log_storage
+    storage = run_storage.event_log_storage
     attempts = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
         ASSET)
     checks = sorted((str(info.check_key), info.partition_key, info.latest_execution_status.value,
                      info.latest_planned_run_id)
                     for info in storage.get_asset_check_partition_info(check_keys))
-    latest_jobs = {day: list_jobs(dagster, sources=ALL_SOURCES, source="cbr_daily_rates",
+    latest_jobs = {day: list_jobs(run_storage, sources=ALL_SOURCES, source="cbr_daily_rates",
                                   period_from=day, period_to=day, limit=1)[0].as_dict()
                    for day in DAYS}
     for job in latest_jobs.values():
         job.pop("duration_seconds")
     return {
-        "materialized": dagster.get_materialized_partitions(ASSET),
+        "materialized": run_storage.get_materialized_partitions(ASSET),
         "latest_storage_ids": dict(latest),
         "metadata": metadata,
         "failed_or_unloaded": {p: run for p, (run, _id) in attempts.items()},
@@ -127,9 +114,9 @@ def _what_an_operator_reads(dagster: DagsterInstance, location) -> dict:
     }
 
 
-def _stores(tmp_path: Path, dagster: DagsterInstance) -> tuple[set[str], set[str]]:
+def _stores(tmp_path: Path, run_storage: DagsterInstance) -> tuple[set[str], set[str]]:
     files = {str(p) for folder in STORES for p in (tmp_path / folder).rglob("*") if p.is_file()}
-    return files, {record.dagster_run.run_id for record in dagster.get_run_records()}
+    return files, {record.dagster_run.run_id for record in run_storage.get_run_records()}
 
 
 def _objects_match_files(buckets, tmp_path: Path) -> None:
@@ -143,42 +130,42 @@ def _objects_match_files(buckets, tmp_path: Path) -> None:
         assert buckets.objects(store) == files
 
 
-def _prune(dagster, location, tmp_path, now, **kwargs):
-    return prune(dagster, landing_dir=tmp_path / "landing", op_output_dir=tmp_path / "storage",
+def _prune(run_storage, location, tmp_path, now, **kwargs):
+    return prune(run_storage, landing_dir=tmp_path / "landing", op_output_dir=tmp_path / "storage",
                  check_keys=list(location.resolve_asset_graph().asset_check_keys),
                  policy=RetentionPolicy(), now=now, **kwargs)
 
 
 def test_a_prune_a_year_on_keeps_every_partitions_present_and_removes_the_rest(
-    stores, location, dagster, standin, tmp_path
+    stores, location, run_storage, standin, tmp_path
 ):
-    runs = _history(location, dagster, standin)
-    before = _what_an_operator_reads(dagster, location)
+    runs = _history(location, run_storage, standin)
+    before = _what_an_operator_reads(run_storage, location)
     assert before["failed_or_unloaded"] == {DAYS[2]: runs["failed"]}
     later = datetime.now(UTC) + A_YEAR_AND_MORE
 
-    files_before, runs_before = _stores(tmp_path, dagster)
-    dry = _prune(dagster, location, tmp_path, later, dry_run=True)
-    assert _stores(tmp_path, dagster) == (files_before, runs_before)
-    assert _what_an_operator_reads(dagster, location) == before
-    report = _prune(dagster, location, tmp_path, later)
+    files_before, runs_before = _stores(tmp_path, run_storage)
+    dry = _prune(run_storage, location, tmp_path, later, dry_run=True)
+    assert _stores(tmp_path, run_storage) == (files_before, runs_before)
+    assert _what_an_operator_reads(run_storage, location) == before
+    report = _prune(run_storage, location, tmp_path, later)
     assert report.counts == dry.counts and report.size_bytes == dry.size_bytes
-    assert _what_an_operator_reads(dagster, location) == before
+    assert _what_an_operator_reads(run_storage, location) == before
 
     # Every run's op outputs went; of the runs, only the one that no longer is any
     # partition's latest: the first load of the day loaded again.
     assert not [p for p in (tmp_path / "storage").iterdir()]
-    files_after, runs_after = _stores(tmp_path, dagster)
+    files_after, runs_after = _stores(tmp_path, run_storage)
     assert runs_before - runs_after == {runs[DAYS[0]]} and files_after < files_before
     assert report.counts[RUNS] == 1 and report.counts[OP_OUTPUTS] == len(runs)
     # A local instance's event log keeps a file per run: the deleted run's went with it.
-    assert runs_with_event_log_files(dagster) in (None, runs_after)
+    assert runs_with_event_log_files(run_storage) in (None, runs_after)
     # Of the landed payloads, the older fetch of the first day went (its bytes stay: the newer
     # fetch got the same); the last day's stay both: the latest fetch (rejected) and the one
     # its stored rows came from, which reuse_landed re-transforms.
     assert report.counts[LANDING] == 1
     # A second prune finds nothing.
-    assert not _prune(dagster, location, tmp_path, later).removed_anything
+    assert not _prune(run_storage, location, tmp_path, later).removed_anything
     _objects_match_files(stores, tmp_path)
     if stores is not None:
         assert not stores.objects("storage") and stores.objects("landing")
@@ -188,20 +175,20 @@ def test_a_prune_a_year_on_keeps_every_partitions_present_and_removes_the_rest(
     job = location.resolve_job_def("cbr_daily_rates_job")
     for day in DAYS:
         reused = job.execute_in_process(
-            partition_key=day, instance=dagster, raise_on_error=False, run_config={"ops": {
+            partition_key=day, instance=run_storage, raise_on_error=False, run_config={"ops": {
                 "cbr_daily_rates": {"ops": {"extract_cbr_daily_rates": {
                     "config": {"reuse_landed": True}}}}}})
         assert reused.success
 
 
 def test_a_prune_stopped_half_way_then_run_again_ends_where_one_clean_prune_does(
-    stores, location, dagster, standin, tmp_path
+    stores, location, run_storage, standin, tmp_path
 ):
-    _history(location, dagster, standin)
+    _history(location, run_storage, standin)
     later = datetime.now(UTC) + A_YEAR_AND_MORE
-    before = _what_an_operator_reads(dagster, location)
-    files_before, runs_before = _stores(tmp_path, dagster)
-    plan = plan_prune(dagster, landing_dir=tmp_path / "landing",
+    before = _what_an_operator_reads(run_storage, location)
+    files_before, runs_before = _stores(tmp_path, run_storage)
+    plan = plan_prune(run_storage, landing_dir=tmp_path / "landing",
                       op_output_dir=tmp_path / "storage",
                       check_keys=list(location.resolve_asset_graph().asset_check_keys),
                       policy=RetentionPolicy(), now=later)
@@ -216,17 +203,17 @@ def test_a_prune_stopped_half_way_then_run_again_ends_where_one_clean_prune_does
         done.append(removal)
 
     with pytest.raises(KeyboardInterrupt):
-        _prune(dagster, location, tmp_path, later, before_removal=stop_half_way)
-    assert _what_an_operator_reads(dagster, location) == before
-    again = _prune(dagster, location, tmp_path, later)
+        _prune(run_storage, location, tmp_path, later, before_removal=stop_half_way)
+    assert _what_an_operator_reads(run_storage, location) == before
+    again = _prune(run_storage, location, tmp_path, later)
     assert sum(again.counts.values()) == len(plan) - len(done)
 
-    files_after, runs_after = _stores(tmp_path, dagster)
+    files_after, runs_after = _stores(tmp_path, run_storage)
     assert runs_after == runs_before - removed
     assert files_after == {f for f in files_before
                            if not any(f == t or f.startswith(t + "/") for t in removed)}
-    assert _what_an_operator_reads(dagster, location) == before
-    assert not _prune(dagster, location, tmp_path, later).removed_anything
+    assert _what_an_operator_reads(run_storage, location) == before
+    assert not _prune(run_storage, location, tmp_path, later).removed_anything
     _objects_match_files(stores, tmp_path)
 
 
@@ -235,47 +222,47 @@ def test_a_run_deleted_by_hand_leaves_a_file_that_a_prune_removes_after_the_grac
 ):
     """``dagster run delete`` empties a local instance's file of the run and leaves it (124 KiB
     each): a prune removes it once it is older than the grace."""
-    with DagsterInstance.from_config(str(local_dagster_home(tmp_path))) as dagster:
-        runs = _history(location, dagster, standin)
-        dagster.delete_run(runs[DAYS[1]])
-        left = sorted(run_event_log_dir(dagster).glob(f"{runs[DAYS[1]]}.db*"))
+    with DagsterInstance.from_config(str(local_dagster_home(tmp_path))) as run_storage:
+        runs = _history(location, run_storage, standin)
+        run_storage.delete_run(runs[DAYS[1]])
+        left = sorted(run_event_log_dir(run_storage).glob(f"{runs[DAYS[1]]}.db*"))
         assert left
         now = datetime.now(UTC)
-        assert _prune(dagster, location, tmp_path, now).counts[EVENT_LOG_FILES] == 0
+        assert _prune(run_storage, location, tmp_path, now).counts[EVENT_LOG_FILES] == 0
         assert all(path.exists() for path in left)
-        report = _prune(dagster, location, tmp_path, now + timedelta(days=2))
+        report = _prune(run_storage, location, tmp_path, now + timedelta(days=2))
         assert report.counts[EVENT_LOG_FILES] == len(left)
         assert report.size_bytes[EVENT_LOG_FILES] > 0
         assert not any(path.exists() for path in left)
-        assert runs_with_event_log_files(dagster) == _stores(tmp_path, dagster)[1]
-        assert not _prune(dagster, location, tmp_path, now + timedelta(days=2)).removed_anything
+        assert runs_with_event_log_files(run_storage) == _stores(tmp_path, run_storage)[1]
+        assert not _prune(run_storage, location, tmp_path, now + timedelta(days=2)).removed_anything
 
 
 def test_within_the_windows_a_prune_keeps_a_failed_runs_outputs_and_every_run(
-    location, dagster, standin, tmp_path
+    location, run_storage, standin, tmp_path
 ):
-    runs = _history(location, dagster, standin)
+    runs = _history(location, run_storage, standin)
     two_days_on = datetime.now(UTC) + timedelta(days=2)
-    report = _prune(dagster, location, tmp_path, two_days_on)
+    report = _prune(run_storage, location, tmp_path, two_days_on)
     assert report.counts[RUNS] == 0 and report.counts[LANDING] == 0
     kept = {p.name for p in (tmp_path / "storage").iterdir()}
     assert kept == {runs["failed"]}
-    assert dagster.get_run_by_id(runs["failed"]).status is DagsterRunStatus.FAILURE
+    assert run_storage.get_run_by_id(runs["failed"]).status is DagsterRunStatus.FAILURE
 
 
-def test_the_daily_prune_job_runs_as_a_job_of_the_code_location(location, dagster, standin,
+def test_the_daily_prune_job_runs_as_a_job_of_the_code_location(location, run_storage, standin,
                                                                  tmp_path, monkeypatch):
-    runs = _history(location, dagster, standin)
+    runs = _history(location, run_storage, standin)
     monkeypatch.setenv("MOSTOVIK_RETENTION_GRACE_DAYS", "0")
-    result = location.resolve_job_def("prune_storage_job").execute_in_process(instance=dagster)
+    result = location.resolve_job_def("prune_storage_job").execute_in_process(instance=run_storage)
     assert result.success
-    logged = [entry.user_message for entry in dagster.all_logs(result.run_id)]
+    logged = [entry.user_message for entry in run_storage.all_logs(result.run_id)]
     assert any(message.startswith("op outputs: removed 4 run directories") for message in logged)
     # The failed run's outputs stay for its re-execution; the prune's own run is kept.
     assert {p.name for p in (tmp_path / "storage").iterdir()} == {runs["failed"]}
-    assert dagster.get_run_by_id(result.run_id).status is DagsterRunStatus.SUCCESS
+    assert run_storage.get_run_by_id(result.run_id).status is DagsterRunStatus.SUCCESS
     # It is no source's job: `mostovik jobs list` shows the sources' jobs only.
-    listed = list_jobs(dagster, sources=ALL_SOURCES, limit=100)
+    listed = list_jobs(run_storage, sources=ALL_SOURCES, limit=100)
     assert len(listed) == len(runs) and result.run_id not in {job.run_id for job in listed}
 
 
@@ -286,11 +273,11 @@ def _age(store: Path, when: datetime) -> None:
         os.utime(item, (when.timestamp(), when.timestamp()))
 
 
-def test_a_prune_next_to_running_jobs_removes_nothing_they_use(stores, location, dagster,
+def test_a_prune_next_to_running_jobs_removes_nothing_they_use(stores, location, run_storage,
                                                               standin, tmp_path):
     """A run still going (its record says started) and a re-execution still going of an old
     failed run: their op outputs, landed pages and frames stay, however old they look."""
-    runs = _history(location, dagster, standin)
+    runs = _history(location, run_storage, standin)
     later = datetime.now(UTC) + A_YEAR_AND_MORE
     running = DagsterRun(job_name="cbr_daily_rates_job", run_id=str(uuid.uuid4()),
                          status=DagsterRunStatus.STARTED)
@@ -298,7 +285,7 @@ def test_a_prune_next_to_running_jobs_removes_nothing_they_use(stores, location,
                              status=DagsterRunStatus.STARTED, parent_run_id=runs["failed"],
                              root_run_id=runs["failed"])
     for run in (running, reexecuting):
-        dagster.add_run(run)
+        run_storage.add_run(run)
     landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
     landed = landing.land("cbr_daily_rates", DAYS[1], b"<page/>", content_type="text/xml",
                           origin="test", fetched_at=datetime.now(UTC), run_id=running.run_id,
@@ -311,7 +298,7 @@ def test_a_prune_next_to_running_jobs_removes_nothing_they_use(stores, location,
     for path in (tmp_path / "storage", tmp_path / "landing"):
         _age(path, later - timedelta(days=450))
 
-    _prune(dagster, location, tmp_path, later)
+    _prune(run_storage, location, tmp_path, later)
     kept = {p.name for p in (tmp_path / "storage").iterdir()}
     assert kept == {running.run_id, runs["failed"]}
     assert landing.is_whole(landed) and frame.exists()
@@ -319,8 +306,8 @@ def test_a_prune_next_to_running_jobs_removes_nothing_they_use(stores, location,
 
     # Once they have finished, what they used goes too.
     for run in (running, reexecuting):
-        dagster.report_run_failed(run)
-    _prune(dagster, location, tmp_path, later)
+        run_storage.report_run_failed(run)
+    _prune(run_storage, location, tmp_path, later)
     assert not list((tmp_path / "storage").iterdir())
     assert not landing.is_whole(landed) and not frame.exists()
     _objects_match_files(stores, tmp_path)

@@ -15,13 +15,9 @@ import psycopg
 import pytest
 
 from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines_tests.support.deployments import step_workers, two_worker_deployment
 from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
-from mostovik_pipelines_tests.test_celery_deployment import (  # noqa: F401 (fixtures)
-    _step_workers,
-    deployment,
-    redis_server,
-)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -32,8 +28,16 @@ _TUESDAY = (datetime.now(MOSCOW).date()
 DAYS = [(_TUESDAY + timedelta(days=n)).isoformat() for n in range(3)]
 
 
+@pytest.fixture(scope="module")
+def deployment(postgres, redis_server, standin_server, tmp_path_factory):
+    """Two Celery workers on a fresh production deployment of this module's own."""
+    with two_worker_deployment(postgres, redis_server, standin_server,
+                               tmp_path_factory.mktemp("rerun_on_celery")) as deployment:
+        yield deployment
+
+
 @pytest.mark.timeout(900)
-def test_a_range_rerun_runs_its_steps_on_the_celery_workers(deployment):  # noqa: F811
+def test_a_range_rerun_runs_its_steps_on_the_celery_workers(deployment):
     environment = deployment.environment
     with run_queue_daemon(environment, deployment.work_dir / "daemon") as services:
         done = subprocess.run(
@@ -48,7 +52,7 @@ def test_a_range_rerun_runs_its_steps_on_the_celery_workers(deployment):  # noqa
         assert run.status == "SUCCESS"
         assert (run.tags[REQUESTED_BY_TAG], run.tags[REASON_TAG]) == ("ops", "celery check")
     with deployment.instance() as instance:
-        workers = _step_workers(instance, run.run_id)
+        workers = step_workers(instance, run.run_id)
     assert workers and {worker.partition("@")[0] for worker in workers.values()} <= {
         "worker-a", "worker-b"}, workers
     with psycopg.connect(dsn_of(deployment.warehouse_url)) as connection:

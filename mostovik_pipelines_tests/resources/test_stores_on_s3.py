@@ -20,7 +20,7 @@ from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.resources.stores import store_path, write_whole
 from mostovik_pipelines_tests.support.locations import code_location_for
-from mostovik_pipelines_tests.support.object_store import S3ApiServer
+from mostovik_pipelines_tests.support.object_store import s3_in_environment
 from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition, step_failure_message
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
@@ -106,17 +106,8 @@ def test_a_reader_sees_an_object_whole_or_not_at_all(s3):
 @pytest.fixture
 def restartable_s3(monkeypatch):
     """An S3 API server whose buckets outlive a stop and start, as a real store's do."""
-    from s3fs import S3FileSystem
-
-    server = S3ApiServer(keeps_buckets_across_restarts=True).start()
-    for name, value in server.environment.items():
-        monkeypatch.setenv(name, value)
-    S3FileSystem.clear_instance_cache()
-    try:
+    with s3_in_environment(monkeypatch, keeps_buckets_across_restarts=True) as server:
         yield server
-    finally:
-        server.close()
-        S3FileSystem.clear_instance_cache()
 
 
 def test_a_landing_store_outage_at_the_start_of_a_run_is_ridden_out(

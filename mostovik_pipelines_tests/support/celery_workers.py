@@ -9,7 +9,6 @@ as a lost machine would, and :meth:`CeleryWorker.stop` never leaves a child behi
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -24,6 +23,7 @@ from dagster import Definitions, FilesystemIOManager, job, op
 
 from mostovik_pipelines.execution import current_celery_task_id, executor_from_environment
 from mostovik_pipelines.settings import data_dir, setting
+from mostovik_pipelines_tests.support.processes import stop_session
 
 REPO = Path(__file__).resolve().parents[2]
 MOSTOVIK_CELERY = REPO / "deploy" / "bin" / "mostovik-celery"
@@ -85,16 +85,7 @@ class CeleryWorker:
 
     def stop(self, timeout: float = 20) -> None:
         """Warm shutdown (TERM), then kill -9 of whatever is left of the worker's session."""
-        if self._process is None:
-            return
-        if self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout=timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, signal.SIGKILL)
-        if self._process.poll() is None:
-            self._process.wait(timeout=10)
+        stop_session(self._process, timeout)
 
 
 @op

@@ -6,51 +6,20 @@ tests: ``dagster code-server start`` on 127.0.0.1, in a session of its own, serv
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
 from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, DagsterGraphQL, GraphQLError
-from mostovik_pipelines_tests.support.graphql_queries import PYTHON_ERROR_FRAGMENT
+from mostovik_pipelines_tests.support.graphql_queries import RELOAD_LOCATION_MUTATION
 from mostovik_pipelines_tests.support.postgres import free_port
-from mostovik_pipelines_tests.support.processes import DAGSTER
+from mostovik_pipelines_tests.support.processes import DAGSTER, stop_session
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 WORKSPACE = Path(__file__).resolve().parents[2] / "deploy" / "workspace.yaml"
 PORT_SETTING = "MOSTOVIK_CODE_SERVER_PORT"
 STARTED_LINE = "Started Dagster code server"
-
-RELOAD_LOCATION_MUTATION = """
-  mutation ReloadRepositoryLocationMutation($location: String!) {
-    reloadRepositoryLocation(repositoryLocationName: $location) {
-      __typename
-      ... on WorkspaceLocationEntry {
-        id
-        loadStatus
-        locationOrLoadError {
-          __typename
-          ... on RepositoryLocation {
-            id
-          }
-          ...PythonErrorFragment
-        }
-      }
-      ... on UnauthorizedError {
-        message
-      }
-      ... on ReloadNotSupported {
-        message
-      }
-      ... on RepositoryLocationNotFound {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
 
 
 class CodeServer:
@@ -90,16 +59,7 @@ class CodeServer:
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM to its session, SIGKILL to whatever is left after ``grace`` seconds."""
-        if self._process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(timeout=grace)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, signal.SIGKILL)
-        if self._process.poll() is None:
-            self._process.wait(timeout=10)
+        stop_session(self._process, grace)
 
 
 def reload_location(graphql: DagsterGraphQL) -> None:

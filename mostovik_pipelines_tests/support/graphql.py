@@ -370,11 +370,11 @@ class DagsterGraphQL:
             "partition": partition, "limit": limit,
         })["assetCheckExecutions"]
 
-    def sensor_ticks(self, sensor_name: str) -> list[dict[str, Any]]:
-        """The latest ticks of a sensor, newest first."""
+    def sensor_ticks(self, sensor_name: str, limit: int = 5) -> list[dict[str, Any]]:
+        """The latest ``limit`` ticks of a sensor, newest first, as its page lists them."""
         sensor = _expect(self.execute(SENSOR_TICKS_QUERY, {"sensorSelector": {
             **self._repository_selector(), "sensorName": sensor_name,
-        }})["sensorOrError"], "Sensor")
+        }, "limit": limit})["sensorOrError"], "Sensor")
         return sensor["sensorState"]["ticks"]
 
     def wait_for_sensor_tick(self, sensor_name: str, interval_seconds: float) -> None:

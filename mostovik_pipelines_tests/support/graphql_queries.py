@@ -1,69 +1,153 @@
-"""The GraphQL documents the tests send to the webserver: the queries and mutations of the Dagster
-UI's own bundle, each selection with ``__typename`` as the UI's Apollo client adds it, so the
-payloads match what a browser sends. Read by :class:`~.graphql.DagsterGraphQL`."""
+"""The GraphQL documents the tests send to the webserver: the queries and mutations the Dagster UI
+sends, for the fields the tests read, each selection with ``__typename`` where the UI's Apollo
+client adds it. Read by :class:`~.graphql.DagsterGraphQL`.
 
-PYTHON_ERROR_FRAGMENT = """
-  fragment PythonErrorFragment on PythonError {
+Each selection is written once: what every error shows (:data:`ERROR_FRAGMENT`), a run, a
+schedule's or sensor's state, a metadata entry are fragments; :func:`document` appends to a
+query the fragments it spreads; :func:`operation` writes the ``...OrError`` shape nearly every
+query answers with (the member asked for, or an error). Short selections stand on one line."""
+
+ERROR_FRAGMENT = """
+  fragment ErrorFragment on Error {
     __typename
     message
-    stack
-    errorChain {
-      isExplicitLink
-      error {
-        message
-        stack
+    ... on PythonError {
+      stack
+      errorChain {
+        isExplicitLink
+        error {
+          message
+          stack
+        }
+      }
+    }
+  }
+"""
+"""What any error member of a result union shows: its message, and a Python error's stack and
+the errors it was raised from."""
+
+RUN_FRAGMENT = """
+  fragment RunInfoFragment on Run {
+    id
+    runId
+    jobName
+    status
+    parentRunId
+    rootRunId
+    tags {
+      key
+      value
+    }
+  }
+"""
+
+INSTIGATION_STATE_FRAGMENT = """
+  fragment InstigationStateFragment on InstigationState {
+    id
+    status
+  }
+"""
+"""A schedule's or a sensor's state: ``RUNNING`` or ``STOPPED``."""
+
+METADATA_ENTRY_FRAGMENT = """
+  fragment MetadataEntryFragment on MetadataEntry {
+    __typename
+    label
+    ... on IntMetadataEntry {
+      intValue
+    }
+    ... on FloatMetadataEntry {
+      floatValue
+    }
+    ... on TextMetadataEntry {
+      text
+    }
+    ... on MarkdownMetadataEntry {
+      mdStr
+    }
+    ... on TableSchemaMetadataEntry {
+      schema {
+        columns {
+          name
+          type
+          description
+        }
       }
     }
   }
 """
 
-LOCATION_STATUSES_QUERY = """
-  query CodeLocationStatusQuery {
-    locationStatusesOrError {
-      __typename
-      ... on WorkspaceLocationStatusEntries {
-        entries {
-          id
-          name
-          loadStatus
-          updateTimestamp
-        }
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
+FRAGMENTS = {
+    "ErrorFragment": ERROR_FRAGMENT,
+    "RunInfoFragment": RUN_FRAGMENT,
+    "InstigationStateFragment": INSTIGATION_STATE_FRAGMENT,
+    "MetadataEntryFragment": METADATA_ENTRY_FRAGMENT,
+}
 
-WORKSPACE_QUERY = """
-  query WorkspaceLocationsQuery {
-    workspaceOrError {
-      __typename
-      ... on Workspace {
-        id
-        locationEntries {
-          id
-          name
-          loadStatus
-          locationOrLoadError {
-            __typename
-            ... on RepositoryLocation {
-              id
-              name
-              repositories {
-                id
-                name
-              }
-            }
-            ...PythonErrorFragment
-          }
-        }
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
 
-DAEMON_HEALTH_QUERY = """
+def document(operation: str) -> str:
+    """``operation`` with the definitions of the fragments it spreads (GraphQL refuses a
+    document that defines a fragment it does not use)."""
+    return operation + "".join(definition for name, definition in FRAGMENTS.items()
+                               if f"...{name}" in operation)
+
+
+def result_union(field: str, member: str, selection: str, other_members: str = "") -> str:
+    """``field`` (with its arguments), a union answering ``member`` with ``selection``, or an
+    error: any error type of Dagster's schema, and ``other_members`` (the three that are not,
+    :data:`LAUNCH_ERRORS`)."""
+    return f"""
+    {field} {{
+      __typename
+      ... on {member} {{
+        {selection}
+      }}{other_members}
+      ...ErrorFragment
+    }}"""
+
+
+def operation(signature: str, field: str, member: str, selection: str,
+              other_members: str = "") -> str:
+    """The document of operation ``signature`` (``query Name($variable: Type)`` or
+    ``mutation ...``) asking for :func:`result_union` ``field``."""
+    return document(f"""
+  {signature} {{{result_union(field, member, selection, other_members)}
+  }}
+""")
+
+
+LAUNCH_ERRORS = """
+      ... on InvalidStepError {
+        invalidStepKey
+      }
+      ... on InvalidOutputError {
+        stepKey
+        invalidOutputName
+      }
+      ... on RunConfigValidationInvalid {
+        pipelineName
+        errors {
+          message
+          path
+          reason
+        }
+      }"""
+"""The members of a launch's result union that are errors without a message of their own."""
+
+LAUNCHED_RUN = "run { ...RunInfoFragment }"
+
+LOCATION_STATUSES_QUERY = operation(
+    "query CodeLocationStatusQuery", "locationStatusesOrError", "WorkspaceLocationStatusEntries",
+    "entries { id name loadStatus updateTimestamp }")
+
+LOCATION_OR_LOAD_ERROR = result_union("locationOrLoadError", "RepositoryLocation",
+                                      "id name repositories { id name }")
+
+WORKSPACE_QUERY = operation(
+    "query WorkspaceLocationsQuery", "workspaceOrError", "Workspace",
+    "id locationEntries { id name loadStatus " + LOCATION_OR_LOAD_ERROR + " }")
+
+DAEMON_HEALTH_QUERY = document("""
   query InstanceHealthQuery {
     instance {
       id
@@ -76,19 +160,17 @@ DAEMON_HEALTH_QUERY = """
           healthy
           lastHeartbeatTime
           lastHeartbeatErrors {
-            ...PythonErrorFragment
+            ...ErrorFragment
           }
         }
       }
     }
   }
-""" + PYTHON_ERROR_FRAGMENT
+""")
 
-REPOSITORY_QUERY = """
-  query RepositoryContentsQuery($repositorySelector: RepositorySelector!) {
-    repositoryOrError(repositorySelector: $repositorySelector) {
-      __typename
-      ... on Repository {
+REPOSITORY_QUERY = operation(
+    "query RepositoryContentsQuery($repositorySelector: RepositorySelector!)",
+    "repositoryOrError(repositorySelector: $repositorySelector)", "Repository", """
         id
         name
         jobs {
@@ -99,16 +181,14 @@ REPOSITORY_QUERY = """
           id
           name
           scheduleState {
-            id
-            status
+            ...InstigationStateFragment
           }
         }
         sensors {
           id
           name
           sensorState {
-            id
-            status
+            ...InstigationStateFragment
           }
         }
         assetNodes {
@@ -124,155 +204,36 @@ REPOSITORY_QUERY = """
               }
             }
           }
-        }
-      }
-      ... on RepositoryNotFoundError {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
+        }""")
 
-STOP_SCHEDULE_MUTATION = """
-  mutation StopRunningSchedule($id: String!) {
-    stopRunningSchedule(id: $id) {
-      __typename
-      ... on ScheduleStateResult {
-        scheduleState {
-          id
-          status
-        }
-      }
-      ... on PythonError {
-        message
-        stack
-      }
-      ... on UnauthorizedError {
-        message
-      }
-    }
-  }
-"""
+STOP_SCHEDULE_MUTATION = operation(
+    "mutation StopRunningSchedule($id: String!)", "stopRunningSchedule(id: $id)",
+    "ScheduleStateResult", "scheduleState { ...InstigationStateFragment }")
 
-LAUNCH_PARTITION_BACKFILL_MUTATION = """
-  mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
-    launchPartitionBackfill(backfillParams: $backfillParams) {
-      __typename
-      ... on LaunchBackfillSuccess {
-        backfillId
-      }
-      ... on PartitionSetNotFoundError {
-        message
-      }
-      ... on PartitionKeysNotFoundError {
-        message
-      }
-      ... on InvalidStepError {
-        invalidStepKey
-      }
-      ... on InvalidOutputError {
-        stepKey
-        invalidOutputName
-      }
-      ... on UnauthorizedError {
-        message
-      }
-      ... on PipelineNotFoundError {
-        message
-      }
-      ... on RunConflict {
-        message
-      }
-      ... on ConflictingExecutionParamsError {
-        message
-      }
-      ... on PresetNotFoundError {
-        message
-      }
-      ... on RunConfigValidationInvalid {
-        pipelineName
-        errors {
-          message
-          path
-          reason
-        }
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
+RELOAD_LOCATION_MUTATION = operation(
+    "mutation ReloadRepositoryLocationMutation($location: String!)",
+    "reloadRepositoryLocation(repositoryLocationName: $location)", "WorkspaceLocationEntry",
+    "id loadStatus " + LOCATION_OR_LOAD_ERROR)
 
-BACKFILL_QUERY = """
-  query BackfillStatusQuery($backfillId: String!) {
-    partitionBackfillOrError(backfillId: $backfillId) {
-      __typename
-      ... on PartitionBackfill {
-        id
-        status
-        partitionNames
-        error {
-          ...PythonErrorFragment
-        }
-      }
-      ... on BackfillNotFoundError {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
+LAUNCH_PARTITION_BACKFILL_MUTATION = operation(
+    "mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!)",
+    "launchPartitionBackfill(backfillParams: $backfillParams)", "LaunchBackfillSuccess",
+    "backfillId", LAUNCH_ERRORS)
 
-RUN_FIELDS = """
-  fragment RunInfoFragment on Run {
-    id
-    runId
-    jobName
-    status
-    parentRunId
-    rootRunId
-    tags {
-      key
-      value
-    }
-  }
-"""
+BACKFILL_QUERY = operation(
+    "query BackfillStatusQuery($backfillId: String!)",
+    "partitionBackfillOrError(backfillId: $backfillId)", "PartitionBackfill",
+    "id status partitionNames error { ...ErrorFragment }")
 
-RUNS_QUERY = """
-  query RunsByTagQuery($filter: RunsFilter, $limit: Int) {
-    runsOrError(filter: $filter, limit: $limit) {
-      __typename
-      ... on Runs {
-        results {
-          ...RunInfoFragment
-        }
-      }
-      ... on InvalidPipelineRunsFilterError {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + RUN_FIELDS + PYTHON_ERROR_FRAGMENT
+RUNS_QUERY = operation(
+    "query RunsByTagQuery($filter: RunsFilter, $limit: Int)",
+    "runsOrError(filter: $filter, limit: $limit)", "Runs", "results { ...RunInfoFragment }")
 
-RUN_QUERY = """
-  query RunRootQuery($runId: ID!) {
-    runOrError(runId: $runId) {
-      __typename
-      ...RunInfoFragment
-      ... on RunNotFoundError {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + RUN_FIELDS + PYTHON_ERROR_FRAGMENT
+RUN_QUERY = operation("query RunRootQuery($runId: ID!)", "runOrError(runId: $runId)", "Run",
+                      "...RunInfoFragment")
 
-RUN_ERRORS_QUERY = """
-  query RunErrorsQuery($runId: ID!) {
-    runOrError(runId: $runId) {
-      __typename
-      ... on Run {
+RUN_ERRORS_QUERY = operation(
+    "query RunErrorsQuery($runId: ID!)", "runOrError(runId: $runId)", "Run", """
         id
         eventConnection {
           events {
@@ -281,12 +242,7 @@ RUN_ERRORS_QUERY = """
               stepKey
               message
               error {
-                message
-                errorChain {
-                  error {
-                    message
-                  }
-                }
+                ...ErrorFragment
               }
               failureMetadata {
                 description
@@ -295,104 +251,31 @@ RUN_ERRORS_QUERY = """
             ... on RunFailureEvent {
               message
               error {
-                message
+                ...ErrorFragment
               }
             }
           }
-        }
-      }
-      ... on RunNotFoundError {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
+        }""")
 
-LAUNCH_RESULT_MEMBERS = """
-      ... on PipelineNotFoundError {
-        message
-      }
-      ... on InvalidSubsetError {
-        message
-      }
-      ... on RunConfigValidationInvalid {
-        errors {
-          message
-        }
-      }
-      ... on InvalidStepError {
-        invalidStepKey
-      }
-      ... on InvalidOutputError {
-        stepKey
-        invalidOutputName
-      }
-      ... on RunConflict {
-        message
-      }
-      ... on UnauthorizedError {
-        message
-      }
-      ... on ConflictingExecutionParamsError {
-        message
-      }
-      ... on PresetNotFoundError {
-        message
-      }
-      ... on NoModeProvidedError {
-        message
-      }
-      ...PythonErrorFragment
-"""
+LAUNCH_PIPELINE_EXECUTION_MUTATION = operation(
+    "mutation LaunchPipelineExecution($executionParams: ExecutionParams!)",
+    "launchPipelineExecution(executionParams: $executionParams)", "LaunchRunSuccess",
+    LAUNCHED_RUN, LAUNCH_ERRORS)
 
-LAUNCH_PIPELINE_EXECUTION_MUTATION = """
-  mutation LaunchPipelineExecution($executionParams: ExecutionParams!) {
-    launchPipelineExecution(executionParams: $executionParams) {
-      __typename
-      ... on LaunchRunSuccess {
-        run {
-          id
-          runId
-          pipelineName
-        }
-      }
-""" + LAUNCH_RESULT_MEMBERS + """
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
-
-LAUNCH_PIPELINE_REEXECUTION_MUTATION = """
-  mutation LaunchPipelineReexecution(
-    $executionParams: ExecutionParams
-    $reexecutionParams: ReexecutionParams
-  ) {
-    launchPipelineReexecution(
-      executionParams: $executionParams
-      reexecutionParams: $reexecutionParams
-    ) {
-      __typename
-      ... on LaunchRunSuccess {
-        run {
-          id
-          runId
-          pipelineName
-          rootRunId
-          parentRunId
-        }
-      }
-""" + LAUNCH_RESULT_MEMBERS + """
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
+LAUNCH_PIPELINE_REEXECUTION_MUTATION = operation(
+    "mutation LaunchPipelineReexecution($executionParams: ExecutionParams, "
+    "$reexecutionParams: ReexecutionParams)",
+    "launchPipelineReexecution(executionParams: $executionParams, "
+    "reexecutionParams: $reexecutionParams)", "LaunchRunSuccess", LAUNCHED_RUN, LAUNCH_ERRORS)
 
 
-ASSET_NODE_QUERY = """
-  query AssetNodeQuery($assetKey: AssetKeyInput!) {
-    assetNodeOrError(assetKey: $assetKey) {
-      __typename
-      ... on AssetNode {
-        id
+def asset_node_query(name: str, variables: str, selection: str) -> str:
+    """Query ``name`` of ``selection`` on the asset node of ``$assetKey`` (and ``variables``)."""
+    return operation(f"query {name}($assetKey: AssetKeyInput!{variables})",
+                     "assetNodeOrError(assetKey: $assetKey)", "AssetNode", "id " + selection)
+
+
+ASSET_NODE_QUERY = asset_node_query("AssetNodeQuery", "", """
         description
         groupName
         kinds
@@ -407,17 +290,7 @@ ASSET_NODE_QUERY = """
           }
         }
         metadataEntries {
-          __typename
-          label
-          ... on TableSchemaMetadataEntry {
-            schema {
-              columns {
-                name
-                type
-                description
-              }
-            }
-          }
+          ...MetadataEntryFragment
         }
         internalFreshnessPolicy {
           __typename
@@ -431,55 +304,14 @@ ASSET_NODE_QUERY = """
         }
         freshnessStatusInfo {
           freshnessStatus
-        }
-      }
-      ... on AssetNotFoundError {
-        message
-      }
-    }
-  }
-"""
+        }""")
 
-ASSET_MATERIALIZATIONS_QUERY = """
-  query AssetPartitionEventsQuery($assetKey: AssetKeyInput!, $partitions: [String!]) {
-    assetNodeOrError(assetKey: $assetKey) {
-      __typename
-      ... on AssetNode {
-        id
-        assetMaterializations(partitions: $partitions) {
-          partition
-          runId
-          metadataEntries {
-            __typename
-            label
-            ... on IntMetadataEntry {
-              intValue
-            }
-            ... on FloatMetadataEntry {
-              floatValue
-            }
-            ... on TextMetadataEntry {
-              text
-            }
-            ... on MarkdownMetadataEntry {
-              mdStr
-            }
-          }
-        }
-      }
-      ... on AssetNotFoundError {
-        message
-      }
-    }
-  }
-"""
+ASSET_MATERIALIZATIONS_QUERY = asset_node_query(
+    "AssetPartitionEventsQuery", ", $partitions: [String!]",
+    "assetMaterializations(partitions: $partitions) "
+    "{ partition runId metadataEntries { ...MetadataEntryFragment } }")
 
-ASSET_PARTITION_STATUS_QUERY = """
-  query AssetPartitionStatusQuery($assetKey: AssetKeyInput!) {
-    assetNodeOrError(assetKey: $assetKey) {
-      __typename
-      ... on AssetNode {
-        id
+ASSET_PARTITION_STATUS_QUERY = asset_node_query("AssetPartitionStatusQuery", "", """
         assetPartitionStatuses {
           __typename
           ... on TimePartitionStatuses {
@@ -489,14 +321,7 @@ ASSET_PARTITION_STATUS_QUERY = """
               endKey
             }
           }
-        }
-      }
-      ... on AssetNotFoundError {
-        message
-      }
-    }
-  }
-"""
+        }""")
 
 ASSET_CHECK_EXECUTIONS_QUERY = """
   query AssetCheckExecutionsQuery(
@@ -523,26 +348,23 @@ ASSET_CHECK_EXECUTIONS_QUERY = """
   }
 """
 
-SENSOR_TICKS_QUERY = """
-  query SensorTicksQuery($sensorSelector: SensorSelector!) {
-    sensorOrError(sensorSelector: $sensorSelector) {
-      __typename
-      ... on Sensor {
+SENSOR_TICKS_QUERY = operation(
+    "query SensorTicksQuery($sensorSelector: SensorSelector!, $limit: Int)",
+    "sensorOrError(sensorSelector: $sensorSelector)", "Sensor", """
         id
         sensorState {
           id
           status
-          ticks(limit: 5) {
+          ticks(limit: $limit) {
             id
             status
             timestamp
+            endTimestamp
+            runIds
+            runKeys
+            skipReason
+            error {
+              ...ErrorFragment
+            }
           }
-        }
-      }
-      ... on SensorNotFoundError {
-        message
-      }
-      ...PythonErrorFragment
-    }
-  }
-""" + PYTHON_ERROR_FRAGMENT
+        }""")

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
-from sqlalchemy import create_engine, text
+from sqlalchemy import Row, create_engine, text
 
 from mostovik_pipelines.resources.inbox import InboxResource, version_key
 from mostovik_pipelines.sources import material_deliveries
 from mostovik_pipelines.sources.material_deliveries.report import COLUMNS
-from mostovik_pipelines_tests.support.delivery_reports import Delivery
+from mostovik_pipelines_tests.support.delivery_reports import Delivery, expected_rows
 
 SOURCE = "material_deliveries"
 SENSOR = f"{SOURCE}_inbox_sensor"
@@ -106,31 +106,18 @@ class InboxSensor:
                                            raise_on_error=False)
 
 
-def expected_table(lines: Sequence[Delivery], file_name: str,
-                   file_version: str) -> list[dict[str, Any]]:
-    """The table rows ``lines`` of a file version must become, as :func:`delivery_rows` reads
-    them."""
-    return [{
-        "delivery_date": line.delivery_date, "object_code": line.object_code,
-        "waybill": line.waybill, "line_no": line.line_no, "material": line.material,
-        "unit": line.unit, "quantity": line.quantity, "price": line.price,
-        "supplier": line.supplier, "source_file": file_name, "file_version": file_version,
-    } for line in lines]
+expected_table = expected_rows
+"""The table rows ``lines`` of a file version must become, as :func:`delivery_rows` reads them:
+the rows the parser returns, stored as they are."""
 
 
 def delivery_rows(url: str, source_file: str | None = None) -> list[dict[str, Any]]:
     """The data columns of ``material_deliveries`` (of one file), in key order; exact decimals
     as ``Decimal`` on both backends (SQLite stores their text)."""
     where = "WHERE source_file = :file" if source_file is not None else ""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            result = connection.execute(text(
-                f"SELECT {', '.join(COLUMNS)} FROM material_deliveries {where} "
-                "ORDER BY waybill, line_no"), {"file": source_file})
-            rows = [dict(row._mapping) for row in result]
-    finally:
-        engine.dispose()
+    rows = [dict(row._mapping) for row in _select(
+        url, f"SELECT {', '.join(COLUMNS)} FROM material_deliveries {where} "
+        "ORDER BY waybill, line_no", file=source_file)]
     for row in rows:
         for name in ("quantity", "price"):
             row[name] = Decimal(str(row[name]))
@@ -155,68 +142,28 @@ def physical_rows(url: str, source_file: str | None = None) -> list[tuple]:
     whenever a row is rewritten, SQLite's rowid when it is deleted and inserted again."""
     identity = "ctid::text, xmin::text" if url.startswith("postgresql") else "rowid"
     where = "WHERE source_file = :file" if source_file is not None else ""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            result = connection.execute(text(
-                f"SELECT {identity}, * FROM material_deliveries {where} "
-                "ORDER BY waybill, line_no"), {"file": source_file})
-            return [tuple(row) for row in result]
-    finally:
-        engine.dispose()
+    return [tuple(row) for row in _select(
+        url, f"SELECT {identity}, * FROM material_deliveries {where} "
+        "ORDER BY waybill, line_no", file=source_file)]
 
 
 def quarantined(url: str, partition_key: str | None = None) -> list[dict[str, Any]]:
     """The quarantined rows of material_deliveries (of one file version), in row order."""
     where = "AND partition_key = :key" if partition_key is not None else ""
+    return [dict(row._mapping) for row in _select(
+        url, "SELECT source, partition_key, run_id, row_number, raw_row, reason "
+        f"FROM quarantined_rows WHERE source = '{SOURCE}' {where} "
+        "ORDER BY partition_key, row_number", key=partition_key)]
+
+
+def _select(url: str, sql: str, **parameters: Any) -> list[Row]:
+    """The rows ``sql`` selects in the warehouse at ``url``, on a connection of its own."""
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
-            result = connection.execute(text(
-                "SELECT source, partition_key, run_id, row_number, raw_row, reason "
-                f"FROM quarantined_rows WHERE source = '{SOURCE}' {where} "
-                "ORDER BY partition_key, row_number"), {"key": partition_key})
-            return [dict(row._mapping) for row in result]
+            return list(connection.execute(text(sql), parameters))
     finally:
         engine.dispose()
-
-
-# The sensor's ticks as the UI's sensor page shows them (GraphQL).
-
-SENSOR_TICKS_QUERY = """
-  query SensorTicksQuery($sensorSelector: SensorSelector!, $limit: Int) {
-    sensorOrError(sensorSelector: $sensorSelector) {
-      __typename
-      ... on Sensor {
-        id
-        name
-        minIntervalSeconds
-        sensorState {
-          id
-          status
-          ticks(limit: $limit) {
-            id
-            status
-            timestamp
-            endTimestamp
-            runIds
-            runKeys
-            skipReason
-            error {
-              message
-            }
-          }
-        }
-      }
-      ... on SensorNotFoundError {
-        message
-      }
-      ... on PythonError {
-        message
-      }
-    }
-  }
-"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,12 +178,8 @@ class Tick:
 
 
 def sensor_ticks(graphql, sensor_name: str = SENSOR, limit: int = 20) -> list[Tick]:
-    """The sensor's latest ticks, newest first, through the webserver's GraphQL API."""
-    selector = {"repositoryLocationName": graphql.location_name,
-                "repositoryName": graphql.repository_name, "sensorName": sensor_name}
-    sensor = graphql.execute(SENSOR_TICKS_QUERY, {"sensorSelector": selector,
-                                                  "limit": limit})["sensorOrError"]
-    assert sensor["__typename"] == "Sensor", sensor
+    """The sensor's latest ticks, newest first, as the UI's sensor page shows them (through
+    the webserver's GraphQL API)."""
     return [Tick(t["status"], t["timestamp"], t["endTimestamp"], t["runIds"], t["runKeys"],
                  t["skipReason"], (t["error"] or {}).get("message"))
-            for t in sensor["sensorState"]["ticks"]]
+            for t in graphql.sensor_ticks(sensor_name, limit)]

@@ -68,6 +68,19 @@ def runs_with_event_log_files(instance: DagsterInstance) -> set[str] | None:
 
 
 @contextlib.contextmanager
+def fresh_warehouse(postgres: ThrowawayPostgres, name: str) -> Iterator[str]:
+    """The URL of a new warehouse database ``name`` cloned from the migrated template; dropped
+    after."""
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+    try:
+        yield postgres.url(name)
+    finally:
+        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+            connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextlib.contextmanager
 def fresh_deployment(postgres: ThrowawayPostgres, standin_server: StandinServer, work_dir: Path,
                      name: str) -> Iterator[tuple[Path, dict[str, str]]]:
     """A fresh production instance database and a fresh warehouse cloned from the template, for
@@ -75,20 +88,18 @@ def fresh_deployment(postgres: ThrowawayPostgres, standin_server: StandinServer,
     (the instance's settings, the warehouse, the stand-in's CBR and ERP, a data directory, the
     in-process executor) for the module to add its own to. Both databases are dropped after."""
     suffix = uuid.uuid4().hex[:8]
-    dagster_db, warehouse_db = f"dagster_{name}_{suffix}", f"wh_{name}_{suffix}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
-    try:
-        home, environment = production_instance(postgres, dagster_db, work_dir)
-        environment.update({
-            "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-            "MOSTOVIK_ERP_URL": standin_server.erp_url,
-            "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
-            "MOSTOVIK_EXECUTOR": "in_process",
-        })
-        yield home, environment
-    finally:
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            for database in (dagster_db, warehouse_db):
-                connection.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    dagster_db = f"dagster_{name}_{suffix}"
+    with fresh_warehouse(postgres, f"wh_{name}_{suffix}") as warehouse_url:
+        try:
+            home, environment = production_instance(postgres, dagster_db, work_dir)
+            environment.update({
+                "MOSTOVIK_DATABASE_URL": warehouse_url,
+                "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+                "MOSTOVIK_ERP_URL": standin_server.erp_url,
+                "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
+                "MOSTOVIK_EXECUTOR": "in_process",
+            })
+            yield home, environment
+        finally:
+            with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+                connection.execute(f"DROP DATABASE IF EXISTS {dagster_db} WITH (FORCE)")

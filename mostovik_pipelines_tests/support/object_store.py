@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mostovik_pipelines_tests.support.postgres import free_port
+from mostovik_pipelines_tests.support.processes import stop_process
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 
@@ -97,13 +98,7 @@ class S3ApiServer:
             self._threaded.stop()
             self._threaded._server.server_close()  # stop() leaves the port listening
             return
-        if self._server is not None and self._server.poll() is None:
-            self._server.terminate()
-            try:
-                self._server.wait(10)
-            except subprocess.TimeoutExpired:
-                self._server.kill()
-                self._server.wait(10)
+        stop_process(self._server, 10)
 
     def close(self) -> None:
         self.stop()
@@ -113,6 +108,27 @@ class S3ApiServer:
         """Create the bucket ``name``; its URL."""
         self.buckets.client.create_bucket(Bucket=name)
         return f"s3://{name}"
+
+
+@contextlib.contextmanager
+def s3_in_environment(monkeypatch, keeps_buckets_across_restarts: bool = False
+                      ) -> Iterator[S3ApiServer]:
+    """An S3 API server of the test's own, its credentials and endpoint in this process's
+    environment (``AWS_*``, through pytest's ``monkeypatch``), as a deployment hands them to
+    the stores; closed after."""
+    from s3fs import S3FileSystem
+
+    server = S3ApiServer(keeps_buckets_across_restarts=keeps_buckets_across_restarts).start()
+    for name, value in server.environment.items():
+        monkeypatch.setenv(name, value)
+    # A process keeps one client per store, made from the environment it had then: a test's
+    # server is another endpoint with other credentials.
+    S3FileSystem.clear_instance_cache()
+    try:
+        yield server
+    finally:
+        server.close()
+        S3FileSystem.clear_instance_cache()
 
 
 class Buckets:

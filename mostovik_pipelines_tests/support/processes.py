@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +63,31 @@ def start_range_materialize(start: str, end: str, env: dict[str, str],
          "cbr_daily_rates", "--partition-range", f"{start}...{end}"],
         env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
+
+
+def stop_session(process: subprocess.Popen | None, grace: float) -> None:
+    """SIGTERM to the session ``process`` leads (started with ``start_new_session``), SIGKILL to
+    whatever is left of it after ``grace`` seconds."""
+    if process is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if process.poll() is None:
+        process.wait(timeout=10)
+
+
+def stop_process(process: subprocess.Popen | None, grace: float) -> None:
+    """SIGTERM to ``process`` if it still runs, SIGKILL if it has not ended after ``grace``
+    seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)

@@ -13,6 +13,7 @@ import yaml
 
 from mostovik_pipelines_tests.support.machine import require_binary
 from mostovik_pipelines_tests.support.postgres import free_port
+from mostovik_pipelines_tests.support.processes import stop_process
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 SCRAPE_INTERVAL_SECONDS = 2
@@ -63,13 +64,7 @@ class ThrowawayPrometheus:
 
     def __exit__(self, *exc_info: object) -> None:
         self._http.close()
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(timeout=10)
+        stop_process(self._process, 20)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -20,6 +20,7 @@ import redis
 
 from mostovik_pipelines_tests.support.machine import require_binary
 from mostovik_pipelines_tests.support.postgres import free_port
+from mostovik_pipelines_tests.support.processes import stop_process
 
 
 class ThrowawayRedis:
@@ -69,12 +70,6 @@ class ThrowawayRedis:
 
     def stop(self) -> None:
         try:
-            if self._process is not None and self._process.poll() is None:
-                self._process.terminate()
-                try:
-                    self._process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._process.kill()
-                    self._process.wait(timeout=10)
+            stop_process(self._process, 10)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

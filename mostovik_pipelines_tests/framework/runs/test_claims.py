@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -21,18 +22,7 @@ from mostovik_pipelines.framework.runs.claims import (
 )
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
-from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.waiting import wait_until
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def home(request, tmp_path, monkeypatch):
-    if request.param == "sqlite":
-        return str(local_dagster_home(tmp_path))
-    home, environment = request.getfixturevalue("production_home")
-    for name, value in environment.items():
-        monkeypatch.setenv(name, value)
-    return str(home)
 
 
 def test_the_postgresql_run_storage_still_tells_its_url(production_home, monkeypatch):
@@ -45,8 +35,8 @@ def test_the_postgresql_run_storage_still_tells_its_url(production_home, monkeyp
         assert instance.run_storage.postgres_url.startswith("postgresql")
 
 
-def test_a_claim_is_held_while_held_and_nested_holders_share_it(home):
-    with DagsterInstance.from_config(home) as instance:
+def test_a_claim_is_held_while_held_and_nested_holders_share_it(dagster_home):
+    with DagsterInstance.from_config(dagster_home) as instance:
         assert not run_claim_held(instance, "run-a")
         with hold_run_claim(instance, "run-a"):
             with hold_run_claim(instance, "run-a"):
@@ -62,13 +52,13 @@ def _hold_forever(home: str, ready) -> None:
         signal.pause()
 
 
-def test_a_claim_dies_with_its_process(home):
+def test_a_claim_dies_with_its_process(dagster_home):
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    holder = context.Process(target=_hold_forever, args=(home, ready), daemon=True)
+    holder = context.Process(target=_hold_forever, args=(dagster_home, ready), daemon=True)
     holder.start()
     assert ready.wait(60)
-    with DagsterInstance.from_config(home) as instance:
+    with DagsterInstance.from_config(dagster_home) as instance:
         assert run_claim_held(instance, "run-k")
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(30)
@@ -108,48 +98,50 @@ def test_a_claim_whose_connection_the_database_drops_is_taken_again(production_h
         assert not run_claim_held(instance, "run-d")  # released with its holder
 
 
-def test_a_claim_is_taken_again_after_a_restart_and_trusted_free_only_after_the_grace(
-    tmp_path, monkeypatch
-):
+@pytest.fixture
+def restartable_run_storage(tmp_path, monkeypatch) -> Iterator[tuple[ThrowawayPostgres,
+                                                                     DagsterInstance]]:
+    """The production instance on a PostgreSQL of the test's own, which it may pause and
+    resume (a restart), with the instance's environment set."""
     run_storage = ThrowawayPostgres().start()
     try:
         home, environment = production_instance(run_storage, "dagster_claims", tmp_path)
         for name, value in environment.items():
             monkeypatch.setenv(name, value)
         with DagsterInstance.from_config(str(home)) as instance:
-            taken_at = time.time()
-            with hold_run_claim(instance, "run-r"):
-                run_storage.pause()
-                run_storage.resume()
-                # A claim taken before the restart and free now (its holder died, or has not
-                # taken it again yet) counts as held within the grace; one taken after does not.
-                assert run_claim_held(instance, "run-gone", taken_at=taken_at)
-                assert not run_claim_held(instance, "run-gone", taken_at=time.time())
-                wait_until(lambda: run_claim_held(instance, "run-r", taken_at=time.time()),
-                           KEEPER_CHECK_SECONDS + RECONNECT_SECONDS + 30,
-                           "the claim taken again after the restart")
-            assert not run_claim_held(instance, "run-r", taken_at=time.time())
+            yield run_storage, instance
     finally:
         run_storage.stop()
 
 
-def test_a_claim_taken_while_the_database_is_away_is_held_once_it_answers(tmp_path, monkeypatch):
+def test_a_claim_is_taken_again_after_a_restart_and_trusted_free_only_after_the_grace(
+    restartable_run_storage
+):
+    run_storage, instance = restartable_run_storage
+    taken_at = time.time()
+    with hold_run_claim(instance, "run-r"):
+        run_storage.pause()
+        run_storage.resume()
+        # A claim taken before the restart and free now (its holder died, or has not
+        # taken it again yet) counts as held within the grace; one taken after does not.
+        assert run_claim_held(instance, "run-gone", taken_at=taken_at)
+        assert not run_claim_held(instance, "run-gone", taken_at=time.time())
+        wait_until(lambda: run_claim_held(instance, "run-r", taken_at=time.time()),
+                   KEEPER_CHECK_SECONDS + RECONNECT_SECONDS + 30,
+                   "the claim taken again after the restart")
+    assert not run_claim_held(instance, "run-r", taken_at=time.time())
+
+
+def test_a_claim_taken_while_the_database_is_away_is_held_once_it_answers(restartable_run_storage):
     """A step that starts while the run storage restarts (its storage calls ride the outage
     out): taking its claim must not fail the step; it is held as soon as the database answers.
     make chaos found a step failed by it (platform seed 7, scenario 1)."""
-    run_storage = ThrowawayPostgres().start()
-    try:
-        home, environment = production_instance(run_storage, "dagster_claims", tmp_path)
-        for name, value in environment.items():
-            monkeypatch.setenv(name, value)
-        with DagsterInstance.from_config(str(home)) as instance:
-            _postgres_dsn(instance)  # the instance's storage, built while the database is up
-            run_storage.pause()
-            with hold_run_claim(instance, "run-a"):
-                run_storage.resume()
-                wait_until(lambda: run_claim_held(instance, "run-a", taken_at=time.time()),
-                           KEEPER_CHECK_SECONDS + RECONNECT_SECONDS + 30,
-                           "the claim taken once the database answers")
-            assert not run_claim_held(instance, "run-a", taken_at=time.time())
-    finally:
-        run_storage.stop()
+    run_storage, instance = restartable_run_storage
+    _postgres_dsn(instance)  # the instance's storage, built while the database is up
+    run_storage.pause()
+    with hold_run_claim(instance, "run-a"):
+        run_storage.resume()
+        wait_until(lambda: run_claim_held(instance, "run-a", taken_at=time.time()),
+                   KEEPER_CHECK_SECONDS + RECONNECT_SECONDS + 30,
+                   "the claim taken once the database answers")
+    assert not run_claim_held(instance, "run-a", taken_at=time.time())

@@ -77,13 +77,6 @@ SIGNED = {REQUESTED_BY_TAG: WHO, REASON_TAG: WHY}
 
 
 @pytest.fixture(scope="module")
-def webhook() -> Iterator[WebhookReceiver]:
-    """The team's alert webhook, on 127.0.0.1."""
-    with WebhookReceiver() as receiver:
-        yield receiver
-
-
-@pytest.fixture(scope="module")
 def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook: WebhookReceiver,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServices]:
     """Webserver and daemon on a fresh production instance (run retries on, once) and a fresh

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
+from dagster import DagsterRun, DagsterRunStatus, RunsFilter
 from dagster._core.remote_origin import (
     InProcessCodeLocationOrigin,
     RemoteJobOrigin,
@@ -15,24 +15,10 @@ from dagster._core.utils import make_new_run_id
 from mostovik_pipelines.framework.runs.tracking import JobStatus, list_jobs, load_job, stuck_jobs
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources import ALL_SOURCES
-from mostovik_pipelines_tests.support.processes import local_dagster_home
 from mostovik_pipelines_tests.support.runs import run_partition
 from mostovik_pipelines_tests.support.warehouse import quarantined_by_run
 
 PARTITION = "2026-11-04"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def run_storage(request, tmp_path, monkeypatch):
-    """A persistent instance on either run storage."""
-    if request.param == "sqlite":
-        home = local_dagster_home(tmp_path)
-    else:
-        home, environment = request.getfixturevalue("production_home")
-        for name, value in environment.items():
-            monkeypatch.setenv(name, value)
-    with DagsterInstance.from_config(str(home)) as instance:
-        yield instance
 
 
 @pytest.fixture
