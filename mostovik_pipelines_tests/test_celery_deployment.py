@@ -27,6 +27,7 @@ from mostovik_pipelines_tests.support.deployments import (
     Deployment,
     business_rows,
     celery_submissions,
+    held_fetch_settings,
     load_cleanly,
     step_workers,
     two_worker_deployment,
@@ -53,7 +54,6 @@ BROKER_RESTART = ["2026-11-16", "2026-11-17", "2026-11-18", "2026-11-19", "2026-
 BROKER_DOWN_SECONDS = 60
 """The promised bound: a fault that passes within a minute is ridden out."""
 OUTAGE_BUDGET_PARTITION = "2026-11-23"
-WORKER_LOST_SECONDS = 10
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +64,8 @@ def deployment(
     """deploy/dagster.yaml on a fresh instance database, a fresh warehouse, shared storage and
     landing directories, and two workers, ``worker-a`` and ``worker-b``."""
     with two_worker_deployment(postgres, redis_server, standin_server,
-                               tmp_path_factory.mktemp("celery_deployment"), {
-        "MOSTOVIK_CELERY_WORKER_LOST_SECONDS": str(WORKER_LOST_SECONDS),
-        # Tests hold fetches at the stand-in until other runs have started (five run processes
-        # take a minute or more on a loaded 2-core machine): longer than any of their waits.
-        "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(PROCESS_START_MARGIN_SECONDS * 3),
-    }) as deployment:
+                               tmp_path_factory.mktemp("celery_deployment"),
+                               held_fetch_settings(PROCESS_START_MARGIN_SECONDS)) as deployment:
         yield deployment
 
 

@@ -30,6 +30,15 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 
 from mostovik_pipelines.framework.runs.dead_runs import DEAD_RUNS_SENSOR, INTERVAL_SECONDS
 from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines_tests.support.deployments import (
+    WORKER_LOST_SECONDS,
+    Deployment,
+    business_rows,
+    held_fetch_settings,
+    load_cleanly,
+    step_workers,
+    two_worker_deployment,
+)
 from mostovik_pipelines_tests.support.graphql import RUN_LIMIT_SECONDS
 from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
 from mostovik_pipelines_tests.support.waiting import (
@@ -38,15 +47,6 @@ from mostovik_pipelines_tests.support.waiting import (
     wait_until,
 )
 from mostovik_pipelines_tests.support.webserver import DagsterServices
-from mostovik_pipelines_tests.test_celery_deployment import (  # noqa: F401 (fixtures)
-    WORKER_LOST_SECONDS,
-    Deployment,
-    _business_rows,
-    _load_cleanly,
-    _step_workers,
-    deployment,
-    redis_server,
-)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -72,14 +72,24 @@ FAILURE_REASON_TAG = "dagster/failure_reason"
 
 
 @pytest.fixture(scope="module")
-def services(deployment: Deployment) -> Iterator[DagsterServices]:  # noqa: F811
+def deployment(postgres, redis_server, standin_server,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """The Celery deployment of two workers, with the worker watch and held fetches."""
+    with two_worker_deployment(postgres, redis_server, standin_server,
+                               tmp_path_factory.mktemp("rerun_killed_on_celery"),
+                               held_fetch_settings(PROCESS_START_MARGIN_SECONDS)) as deployment:
+        yield deployment
+
+
+@pytest.fixture(scope="module")
+def services(deployment: Deployment) -> Iterator[DagsterServices]:
     """The deployment's webserver and daemon (run queue, run monitoring, run retries once)."""
     with run_queue_daemon(deployment.environment, deployment.work_dir / "daemon") as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def instance(deployment: Deployment) -> Iterator[DagsterInstance]:  # noqa: F811
+def instance(deployment: Deployment) -> Iterator[DagsterInstance]:
     with deployment.instance() as opened:
         yield opened
 
@@ -108,7 +118,7 @@ def _the_run_held_on_a_worker(services: DagsterServices, instance: DagsterInstan
     wait_for_hanging_request(standin, _query(days[0]), limit=RUN_LIMIT_SECONDS)
     [run] = services.graphql.runs_of_backfill(backfill_id)
     assert (run.tags[REQUESTED_BY_TAG], run.tags[REASON_TAG]) == (WHO, WHY)
-    wait_until(lambda: _step_workers(instance, run.run_id), PROCESS_START_MARGIN_SECONDS,
+    wait_until(lambda: step_workers(instance, run.run_id), PROCESS_START_MARGIN_SECONDS,
                f"run {run.run_id}'s step placed on a worker", services.log_tails)
     return run.run_id
 
@@ -167,11 +177,11 @@ def _retried_once_signed_and_exact(services: DagsterServices, instance: DagsterI
     assert [run.run_id for run in _retries_of(instance, run_id)] == [retry.run_id]
     assert _retries_of(instance, retry.run_id) == []
 
-    _load_cleanly(pg_warehouse_url, standin_server, tmp_path, days)
-    loaded = [row for row in _business_rows(services.environment["MOSTOVIK_DATABASE_URL"])
+    load_cleanly(pg_warehouse_url, standin_server, tmp_path, days)
+    loaded = [row for row in business_rows(services.environment["MOSTOVIK_DATABASE_URL"])
               if str(row["partition_date"]) in days]
     assert len(loaded) == RATES_PER_DATE * len(days)
-    assert loaded == _business_rows(pg_warehouse_url)
+    assert loaded == business_rows(pg_warehouse_url)
 
 
 @pytest.mark.timeout(900)
@@ -244,7 +254,7 @@ def test_a_rerun_whose_orchestrating_process_dies_with_the_daemon_is_marked_whil
 
 @pytest.mark.timeout(900)
 def test_a_rerun_whose_celery_worker_is_killed_mid_step_is_failed_within_a_minute_and_retried(
-    deployment, services, instance, standin, standin_server, pg_warehouse_url, tmp_path  # noqa: F811
+    deployment, services, instance, standin, standin_server, pg_warehouse_url, tmp_path
 ):
     """``kill -9`` of the Celery worker running the re-run's extract step (a lost machine): the
     orchestrating process sees the worker silent and fails the run as an infrastructure
@@ -253,7 +263,7 @@ def test_a_rerun_whose_celery_worker_is_killed_mid_step_is_failed_within_a_minut
     standin.fault("hang", seconds=600, match=_query(days[0]))
     backfill_id = _submit_rerun(services, days)
     run_id = _the_run_held_on_a_worker(services, instance, standin, backfill_id, days)
-    [hostname] = _step_workers(instance, run_id).values()
+    [hostname] = step_workers(instance, run_id).values()
     victim = next(w for w in deployment.workers.values() if w.hostname == hostname)
     standin.clear_faults()
 
@@ -270,4 +280,4 @@ def test_a_rerun_whose_celery_worker_is_killed_mid_step_is_failed_within_a_minut
     _retried_once_signed_and_exact(services, instance, run_id, backfill_id, days,
                                    pg_warehouse_url, standin_server, tmp_path)
     [retry] = _retries_of(instance, run_id)
-    assert hostname not in _step_workers(instance, retry.run_id).values()
+    assert hostname not in step_workers(instance, retry.run_id).values()
