@@ -53,14 +53,18 @@ def claim_scenario(suite, number: int, kind: str) -> None:
     started = time.monotonic()
     partition = rng.choice(suite.pool)
     tag = f"{suite.seed}:{number}"
-    if kind == "claim_cut":
-        for code in rng.sample(CODES, rng.randint(0, 3)):
-            suite.chaos.standin.change_cbr_rates(partition, set_values={code: random_rate(rng)})
-        problems, runs = _claim_cut(suite, partition, tag)
-        how = "ss -K"
-    else:
-        how = rng.choice(sorted(WRONG_SETTINGS))
-        problems, runs = _wrong_setting(suite, partition, tag, how)
+    how = "ss -K" if kind == "claim_cut" else rng.choice(sorted(WRONG_SETTINGS))
+    try:
+        if kind == "claim_cut":
+            for code in rng.sample(CODES, rng.randint(0, 3)):
+                suite.chaos.standin.change_cbr_rates(partition,
+                                                     set_values={code: random_rate(rng)})
+            problems, runs = _claim_cut(suite, partition, tag)
+        else:
+            problems, runs = _wrong_setting(suite, partition, tag, how)
+    except (AssertionError, subprocess.TimeoutExpired) as error:
+        suite.totals.left_unfinished += 1
+        problems, runs = [f"did not end: {error}"[:3000]], 0
     totals = suite.totals
     totals.faults[kind] += 1
     totals.points["running" if kind == "claim_cut" else "before"] += 1
