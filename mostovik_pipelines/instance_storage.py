@@ -47,7 +47,7 @@ from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
 from mostovik_pipelines.framework.dagster_compat import storage_engine
-from mostovik_pipelines.framework.errors import refused_by_the_server
+from mostovik_pipelines.framework.errors import ConfigurationError, refused_by_the_server
 
 POOL_RECYCLE_SECONDS = 3600
 """A kept connection is replaced after an hour (as the webserver's default)."""
@@ -78,7 +78,21 @@ class PooledPostgresStorage(DagsterPostgresStorage):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS))
-        outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))
+        try:
+            outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))
+        except Exception as error:
+            cause = error if isinstance(error, sqlalchemy.exc.OperationalError) else (
+                error.__cause__)
+            if not isinstance(cause, sqlalchemy.exc.OperationalError):
+                raise
+            message = str(cause.orig or cause).strip().splitlines()[0]
+            if not refused_by_the_server(message):
+                raise
+            settings = _settings_read(kwargs.get("inst_data"))
+            raise ConfigurationError(
+                f"the run storage database refused the instance's connection: {message}. Check "
+                f"the run storage settings ({', '.join(settings) or 'dagster.yaml'}); waiting "
+                "would not help") from error
         _remember_tables(self.event_log_storage)
         for storage in (self.run_storage, self.event_log_storage, self.schedule_storage):
             _ride_out_outages(storage, outage)
@@ -95,6 +109,21 @@ class PooledPostgresStorage(DagsterPostgresStorage):
             should_autocreate_tables=config_value.get("should_autocreate_tables", True),
             token_provider=get_token_provider_from_config(config_value),
         )
+
+
+def _settings_read(inst_data: Any) -> list[str]:
+    """The environment variables dagster.yaml's storage section reads (never their values)."""
+    found: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if set(node) == {"env"}:
+                found.append(str(node["env"]))
+            for value in node.values():
+                walk(value)
+
+    walk(getattr(inst_data, "config_dict", None))
+    return sorted(found)
 
 
 def _remember_tables(storage: Any) -> None:

@@ -16,7 +16,10 @@ its runs are queued or running brings one part down for a random outage:
   own reconnection (:data:`CELERY_GIVES_UP_SECONDS`), so a submission meets Celery giving up;
 * ``daemon``: dagster-daemon is killed (SIGKILL), then started again;
 * ``disk_full``: the landing store's disk is full from before the launch until a run's first
-  write to it has failed, then freed (only as root, which can mount a small disk).
+  write to it has failed, then freed (only as root, which can mount a small disk);
+* ``claim_cut`` and ``wrong_setting``: one ``dagster job execute`` run's claim connection cut
+  while a second run of its partition starts (only as root, for ``ss -K``), or a run started
+  with a wrong run storage setting (:mod:`.platform_claims`, which judges them).
 
 Scenarios take the kinds in turn, in a seeded order, so a short run has each. A webserver or
 daemon found exited is started again 5 s later, as deploy/systemd does; the summary counts it.
@@ -46,6 +49,7 @@ from dagster import DagsterEventType, DagsterInstance, RunsFilter
 from mostovik_pipelines import definitions
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
+from mostovik_pipelines_tests.chaos.platform_claims import CLAIM_KINDS, SCENARIO_TAG, claim_scenario
 from mostovik_pipelines_tests.chaos.scenarios import (
     CODES,
     ChaosSuite,
@@ -75,8 +79,7 @@ from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
 from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS, DagsterServices
 
-KINDS = ("warehouse", "run_storage", "broker", "daemon", "disk_full")
-SCENARIO_TAG = "chaos/scenario"
+KINDS = ("warehouse", "run_storage", "broker", "daemon", "disk_full", *CLAIM_KINDS)
 ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
@@ -171,7 +174,8 @@ class PlatformEnvironment:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return tuple(kind for kind in KINDS if kind != "disk_full" or self.disk is not None)
+        return tuple(kind for kind in KINDS if (kind != "disk_full" or self.disk is not None)
+                     and (kind != "claim_cut" or os.geteuid() == 0))  # ss -K needs root
 
     @contextlib.contextmanager
     def instance(self) -> Iterator[DagsterInstance]:
@@ -215,6 +219,8 @@ class PlatformSuite:
         return self.totals
 
     def scenario(self, number: int, kind: str) -> None:
+        if kind in CLAIM_KINDS:
+            return claim_scenario(self, number, kind)
         rng = random.Random(f"{self.seed}:platform:{number}")
         started = time.monotonic()
         backfill = rng.random() < 0.5

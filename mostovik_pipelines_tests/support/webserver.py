@@ -113,6 +113,12 @@ class DagsterServices:
         self._wait_for_location(deadline)
         self._wait_for_daemons(deadline)
 
+    @property
+    def daemon_group(self) -> int:
+        """The running daemon's process group: the daemon, its code servers and the run
+        processes they spawned."""
+        return self._processes["daemon"].pid
+
     def kill_daemon(self, with_its_group: bool = False) -> list[int]:
         """SIGKILL to the daemon process alone, as a crash: the code servers it started and
         the runs they launched go on until they notice. ``with_its_group``: to the daemon, its
