@@ -32,14 +32,17 @@ from dagster import (
 
 from benchmarks.empty_job import executor, io_manager
 
-CHECKS = ("natural_key_unique", "rows_in_partition", "quarantine_share", "source_check")
-"""As many partitioned checks as ``cbr_daily_rates`` has."""
+CHECKS = ("natural_key_unique", "rows_in_partition", "quarantine_share", "source_shape",
+          "source_check")
+"""As many partitioned checks as ``cbr_daily_rates`` has (the framework's three, the shape of
+what the source sent, the source's own): one result of each per partition
+(``mostovik_pipelines_tests/test_benchmark_floor.py`` keeps the count equal)."""
 YEAR_PARTITIONS = DailyPartitionsDefinition(start_date="2020-01-01", timezone="Europe/Moscow")
 
 
 def _ranged_year_events() -> AssetsDefinition:
     """An asset shaped like a source's (three ops, daily partitions, one run per backfill,
-    four partitioned checks) whose load step records per partition what ours records: the
+    five partitioned checks) whose load step records per partition what ours records: the
     materialisation with a few figures, the lookup of it that each check result names, and one
     result per check. ``dagster asset materialize -m benchmarks.year_events --select
     ranged_year_events --partition-range A...B``."""

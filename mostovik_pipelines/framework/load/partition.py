@@ -40,9 +40,10 @@ failure at any point leaves the partition, the ledger and the quarantine as they
    run, the fetch time. A page group of a sync records nothing: the ledger describes whole
    partitions.
 8. ``within_transaction``: what must commit with the rows (the quarantine, a sync's progress
-   checkpoint); the fence: the run still holds its claim (:func:`.runs.claims.ensure_run_claim`,
-   also checked after step 1), else :class:`.errors.RunClaimLost` rolls it all back; then
-   ``COMMIT``.
+   checkpoint); the fence: the run still holds its claim (:func:`.runs.claims.ensure_run_claim`),
+   else :class:`.errors.RunClaimLost` rolls it all back; then ``COMMIT``. Checked once, just
+   before the commit: nothing the load does is visible before it, so an earlier check only
+   cost a round trip per partition.
 
 Merge-by-version never deletes by absence: deletions arrive as tombstone rows. Unchanged rows
 are never rewritten, so a re-run writes no tuple and keeps every row's bookkeeping.
@@ -157,7 +158,6 @@ def load_partition(
         raise ValueError(f"{table_name}: only merge-by-version loads a partition page by page")
     with engine.begin() as connection:
         lock_partition(connection, table_name, scope)  # 1
-        ensure_run_claim(run_id)
         previous = last_load(connection, table_name, scope)  # 2
         if whole_partition:
             _refuse_older_payload(previous, fetched_at, target, partition_key)

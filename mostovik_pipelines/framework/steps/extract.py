@@ -23,7 +23,7 @@ from mostovik_pipelines.framework.errors import (
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.framework.spec import ExtractRequest, PageCursor, RawPayload, SourceSpec
-from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
+from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, ranged_run
 from mostovik_pipelines.framework.steps.outcomes import LandedPages, PartitionFailure, page_cursor
 from mostovik_pipelines.framework.steps.sync_progress import committed_progress, pages_to_resume
 from mostovik_pipelines.resources.landing import LandedPayload
@@ -38,10 +38,10 @@ def extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
                 context, StepContext(spec.name, key, "extract"), NO_RETRY, ConfigurationError(
                     "reuse_landed re-transforms one payload; a paged source lands many: "
                     "run it again (it resumes after its committed pages) or with full_resync"),
-                len(context.partition_keys) > 1)
+                ranged_run(context))
         return _extract_pages(context, spec, key, full_resync)
     landing = getattr(context.resources, LANDING_KEY)
-    ranged = len(context.partition_keys) > 1
+    ranged = ranged_run(context)
     if reuse_landed:
         return _reuse_landed(context, spec, key, ranged)
     latest = landing.latest(spec.name, key)
@@ -141,7 +141,7 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
             except Exception as exc:
                 return fail_or_set_aside(context, StepContext(spec.name, key, "extract"),
                                           spec.extract_retry, exc,
-                                          len(context.partition_keys) > 1)
+                                          ranged_run(context))
             if raw.next_cursor is not None:
                 fetching = ahead.submit(fetch, raw.next_cursor)
             pages.append(landing.land(

@@ -112,6 +112,14 @@ def older_run_stops_this_one(context: OpExecutionContext, spec: SourceSpec) -> s
                          seconds_to_wait=CONCURRENT_RUN_POLL_SECONDS)
 
 
+def ranged_run(context: OpExecutionContext) -> bool:
+    """Whether the run covers more than one partition (a ranged backfill run), read from its
+    range: listing its keys builds a year of them again on every call, which each partition's
+    extract and transform paid."""
+    key_range = context.partition_key_range
+    return key_range.start != key_range.end
+
+
 def fail_or_set_aside(
     context: OpExecutionContext, step: StepContext, policy: RetryPolicy, exc: Exception,
     ranged: bool,

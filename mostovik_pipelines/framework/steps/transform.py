@@ -29,7 +29,7 @@ from mostovik_pipelines.framework.spec import (
     TransformRequest,
     columns_frame,
 )
-from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
+from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, ranged_run
 from mostovik_pipelines.framework.steps.outcomes import (
     LandedPages,
     PartitionFailure,
@@ -49,7 +49,7 @@ def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
     if isinstance(landed, LandedPages):
         return _transform_pages(context, spec, key, landed)
     landing = getattr(context.resources, LANDING_KEY)
-    ranged = len(context.partition_keys) > 1
+    ranged = ranged_run(context)
     request = TransformRequest(
         source=spec.name, partition_key=key, content=landing.read(landed),
         content_type=landed.content_type, fetched_at=landed.fetched_at,
@@ -119,7 +119,7 @@ def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
     group = PageGroup()
     received = 0
     digest = hashlib.sha256()
-    ranged = len(context.partition_keys) > 1
+    ranged = ranged_run(context)
     seen: ObservedShape | None = None
     drift_recorded = False
     for position, page in enumerate(landed.pages, 1):
@@ -158,7 +158,7 @@ def _transform_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
         except Exception as exc:
             return fail_or_set_aside(
                 context, StepContext(spec.name, key, f"transform ({pages})"), NO_RETRY, exc,
-                len(context.partition_keys) > 1)
+                ranged_run(context))
         groups.append(TransformedPageGroup(
             group.first_page, number, landing.keep_frame(page, validated.frame),
             len(validated.frame), group.on_their_pages(validated.rejected),
