@@ -3,7 +3,6 @@ prune once it is older than the grace, a live run's never, however old its file 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import uuid
@@ -13,30 +12,13 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
 from mostovik_pipelines.framework.runs.claims import (
     claim_files_dir,
-    hold_run_claim,
     run_claim_held,
 )
 from mostovik_pipelines.maintenance.policy import CLAIM_FILES, RetentionPolicy
 from mostovik_pipelines.maintenance.prune import prune
-from mostovik_pipelines_tests.support.processes import local_dagster_home
+from mostovik_pipelines_tests.support.processes import claim_holder, local_dagster_home
 
 A_YEAR = timedelta(days=365)
-
-
-def _hold_until_killed(home: str, run_id: str, ready) -> None:
-    with DagsterInstance.from_config(home) as instance, hold_run_claim(instance, run_id):
-        ready.set()
-        signal.pause()
-
-
-def _holder(home: str, run_id: str):
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    process = context.Process(target=_hold_until_killed, args=(home, run_id, ready),
-                              daemon=True)
-    process.start()
-    assert ready.wait(120), "the holder never took the claim"
-    return process
 
 
 def _prune(instance: DagsterInstance, tmp_path, now: datetime):
@@ -47,7 +29,7 @@ def _prune(instance: DagsterInstance, tmp_path, now: datetime):
 def test_a_killed_runs_claim_file_is_pruned_after_the_grace_and_a_live_ones_never(tmp_path):
     home = str(local_dagster_home(tmp_path))
     killed_run, live_run = str(uuid.uuid4()), str(uuid.uuid4())
-    killed, live = _holder(home, killed_run), _holder(home, live_run)
+    killed, live = claim_holder(home, killed_run), claim_holder(home, live_run)
     try:
         with DagsterInstance.from_config(home) as instance:
             # Run storage says "started" for both: a killed `dagster job execute` never ends.

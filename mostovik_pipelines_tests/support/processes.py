@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 from dagster import DagsterInstance
+
+from mostovik_pipelines.framework.runs.claims import hold_driver_claim, hold_run_claim
 
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
@@ -91,3 +94,22 @@ def stop_process(process: subprocess.Popen | None, grace: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
+
+
+def _hold_claim_until_killed(home: str, run_id: str, driver: bool, ready) -> None:
+    hold = hold_driver_claim if driver else hold_run_claim
+    with DagsterInstance.from_config(home) as instance, hold(instance, run_id):
+        ready.set()
+        signal.pause()
+
+
+def claim_holder(home: str, run_id: str, *, driver: bool = False) -> multiprocessing.Process:
+    """A process of its own holding ``run_id``'s claim (with ``driver``, as the process driving
+    a run does: its driver claim too) until it is killed; returned once it holds it."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    process = context.Process(target=_hold_claim_until_killed, args=(home, run_id, driver, ready),
+                              daemon=True)
+    process.start()
+    assert ready.wait(120), f"the holder of {run_id} never took its claim"
+    return process

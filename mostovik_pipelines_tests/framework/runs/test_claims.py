@@ -3,7 +3,6 @@ with the process that held it."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
@@ -22,6 +21,7 @@ from mostovik_pipelines.framework.runs.claims import (
 )
 from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
+from mostovik_pipelines_tests.support.processes import claim_holder
 from mostovik_pipelines_tests.support.waiting import wait_until
 
 
@@ -46,18 +46,8 @@ def test_a_claim_is_held_while_held_and_nested_holders_share_it(dagster_home):
         assert not run_claim_held(instance, "run-a")
 
 
-def _hold_forever(home: str, ready) -> None:
-    with DagsterInstance.from_config(home) as instance, hold_run_claim(instance, "run-k"):
-        ready.set()
-        signal.pause()
-
-
 def test_a_claim_dies_with_its_process(dagster_home):
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    holder = context.Process(target=_hold_forever, args=(dagster_home, ready), daemon=True)
-    holder.start()
-    assert ready.wait(60)
+    holder = claim_holder(dagster_home, "run-k")
     with DagsterInstance.from_config(dagster_home) as instance:
         assert run_claim_held(instance, "run-k")
         os.kill(holder.pid, signal.SIGKILL)
