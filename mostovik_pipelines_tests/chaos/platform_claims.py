@@ -101,9 +101,12 @@ def _claim_cut(suite, partition: str, tag: str) -> tuple[list[str], int]:
     try:
         wait_until(lambda: any(match in r["query"] for r in standin.hanging("cbr")),
                    PROCESS_START_MARGIN_SECONDS, "run 1 inside its fetch")
+        with suite.platform.instance() as instance:
+            [run_1] = instance.get_runs(RunsFilter(tags={SCENARIO_TAG: tag}))
         run_storage = suite.platform.run_storage
         with psycopg.connect(run_storage.dsn("dagster_platform"), autocommit=True) as observer:
-            cut = cut_claim_connections(observer, run_storage.port)
+            # Its run claim, not its driver claim: the partition's guard is what is cut off.
+            cut = cut_claim_connections(observer, run_storage.port, run_1.run_id)
         cut_at = datetime.now(UTC).timestamp()
         if len(cut) != 1:
             problems.append(f"{len(cut)} claim connections cut, not run 1's one")

@@ -123,15 +123,27 @@ def backend_waiting_on_a_lock(observer, query_like: str, timeout: float = 60) ->
     return None
 
 
-def cut_claim_connections(observer, port: int) -> list[int]:
+def cut_claim_connections(observer, port: int, run_id: str | None = None) -> list[int]:
     """Cut, as a network fault does, the sockets of the sessions holding a run's claim (a shared
     advisory lock) on the server at ``port``, and only those: ``ss -K`` (root) kills the
     client's end of each (found by its port, ``client_port`` in pg_stat_activity) and the server
-    sees the session end. Every other connection, and new ones, go on. The cut sessions' pids;
-    ``observer`` is an autocommit connection to the same server."""
+    sees the session end. Every other connection, and new ones, go on. With ``run_id``, only the
+    session holding that run's claim (not its driver claim, a connection of its own). The cut
+    sessions' pids; ``observer`` is an autocommit connection to the same server."""
+    only_run = ""
+    parameters: tuple = ()
+    if run_id is not None:
+        # Imported here: the servers' support stays free of the package (the benchmarks use it).
+        from mostovik_pipelines.framework.runs.claims import _lock_key
+
+        # pg_locks shows a bigint advisory key as its high and low 32 bits, objsubid 1.
+        key = _lock_key(run_id) & 0xFFFF_FFFF_FFFF_FFFF
+        only_run = " AND l.classid = %s AND l.objid = %s AND l.objsubid = 1"
+        parameters = (key >> 32, key & 0xFFFF_FFFF)
     rows = observer.execute(
         "SELECT a.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-        "WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted").fetchall()
+        "WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted" + only_run,
+        parameters).fetchall()
     for _, client_port in rows:
         subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(port),
                         "sport", "=", str(client_port)], check=True, capture_output=True)
