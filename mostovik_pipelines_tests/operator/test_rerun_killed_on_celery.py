@@ -31,7 +31,6 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 from mostovik_pipelines.framework.runs.dead_runs import DEAD_RUNS_SENSOR, INTERVAL_SECONDS
 from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines_tests.support.deployments import (
-    WORKER_LOST_SECONDS,
     Deployment,
     business_rows,
     held_fetch_settings,
@@ -273,7 +272,8 @@ def test_a_rerun_whose_celery_worker_is_killed_mid_step_is_failed_within_a_minut
     standin.release_hangs()
     print(f"run {run_id} marked failed {seconds:.1f} s after its worker {victim.name} was killed")
     assert seconds < MARKED_WITHIN_SECONDS, f"marked failed after {seconds:.0f} s"
-    assert seconds >= WORKER_LOST_SECONDS
+    # The worker watch counts from the worker's last answer, which may come just before the
+    # kill: the failure's message, not the time, says the watch marked it.
     [failure] = instance.all_logs(run_id, of_type=DagsterEventType.RUN_FAILURE)
     assert f"its worker {hostname} has not answered" in (
         failure.dagster_event.event_specific_data.error.to_string())
