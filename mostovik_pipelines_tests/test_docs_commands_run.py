@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -48,6 +47,7 @@ from mostovik_pipelines_tests.support.doc_commands import (
 )
 from mostovik_pipelines_tests.support.fake_clock import libfaketime_path
 from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, DagsterGraphQL
+from mostovik_pipelines_tests.support.processes import stop_session
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
 pytestmark = pytest.mark.slow
@@ -166,13 +166,7 @@ def make_dev(laptop: Laptop) -> Iterator[DagsterGraphQL]:
         yield ui
     finally:
         ui.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_session(process, grace=60)
         wait_until(lambda: not any(_answers(port) for port in DEV_PORTS),
                    PROCESS_START_MARGIN_SECONDS, "make dev's UI and stand-in stopped")
 

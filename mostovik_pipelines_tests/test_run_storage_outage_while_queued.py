@@ -13,24 +13,17 @@ budget, so the run starts once the database is back and succeeds.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from unittest import mock
 
-import psycopg
 import pytest
-from dagster import DagsterEventType, DagsterInstance
+from dagster import DagsterEventType
 
 from mostovik_pipelines import definitions
 from mostovik_pipelines.instance_storage import DEFAULT_OUTAGE_SECONDS
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
-from mostovik_pipelines_tests.conftest import TEMPLATE_DB
-from mostovik_pipelines_tests.support.instances import production_instance
+from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 from mostovik_pipelines_tests.support.webserver import (
@@ -55,27 +48,18 @@ def deployment(postgres: ThrowawayPostgres, standin_server: StandinServer,
     """Webserver and daemon on a production instance whose run storage is a PostgreSQL server
     of its own (to be stopped), the warehouse a fresh clone on the tests' server."""
     run_storage = ThrowawayPostgres().start()
-    warehouse_db = f"wh_outage_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {warehouse_db} TEMPLATE {TEMPLATE_DB}")
     try:
-        home, environment = production_instance(run_storage, "dagster_outage", tmp_path)
-        environment.update({
-            "MOSTOVIK_DATABASE_URL": postgres.url(warehouse_db),
-            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-            "MOSTOVIK_DATA_DIR": str(tmp_path / "data"),
-            "MOSTOVIK_STORAGE_DIR": str(tmp_path / "storage"),
-            "MOSTOVIK_LANDING_DIR": str(tmp_path / "landing"),
-            "MOSTOVIK_EXECUTOR": "in_process",
-        })
-        with DagsterServices(
-                tmp_path, home, environment,
-                stopped_schedules=[s.name for s in definitions.defs.schedules or ()]) as services:
-            yield services, run_storage
+        with fresh_deployment(postgres, standin_server, tmp_path, "outage",
+                              instance_server=run_storage) as (home, environment):
+            environment.update({"MOSTOVIK_STORAGE_DIR": str(tmp_path / "storage"),
+                                "MOSTOVIK_LANDING_DIR": str(tmp_path / "landing")})
+            with DagsterServices(
+                    tmp_path, home, environment,
+                    stopped_schedules=[s.name for s in definitions.defs.schedules or ()],
+            ) as services:
+                yield services, run_storage
     finally:
         run_storage.stop()
-        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
-            connection.execute(f"DROP DATABASE IF EXISTS {warehouse_db} WITH (FORCE)")
 
 
 def test_the_daemon_waits_out_a_longer_launch_than_the_storage_outage_budget():
@@ -98,13 +82,11 @@ def test_a_run_storage_outage_of_60_s_as_the_daemon_launches_a_queued_run_is_rid
     wait_until(lambda: _run_workers(daemon_group) - workers_before,
                PROCESS_START_MARGIN_SECONDS, "the run's process spawned",
                diagnostics=services.log_tails, poll=0.02)
-    run_storage.pause()
-    time.sleep(OUTAGE_SECONDS)  # the outage itself, not a wait for a result
-    run_storage.resume()
+    run_storage.down_for(OUTAGE_SECONDS)
 
     run = services.graphql.wait_for_run(run_id)
     assert run.status == "SUCCESS", services.graphql.run_errors(run_id)
-    with _instance(services) as instance:
+    with services.instance() as instance:
         materialised = [
             record.event_log_entry.dagster_event.partition
             for record in instance.get_records_for_run(
@@ -122,11 +104,3 @@ def _run_workers(group: int) -> set[int]:
         if RUN_WORKER_MARK.encode() in command:
             workers.add(pid)
     return workers
-
-
-@contextlib.contextmanager
-def _instance(services: DagsterServices) -> Iterator[DagsterInstance]:
-    """The deployment's instance, as the operator's tools open it."""
-    with (mock.patch.dict(os.environ, services.environment),
-          DagsterInstance.from_config(str(services.dagster_home)) as instance):
-        yield instance

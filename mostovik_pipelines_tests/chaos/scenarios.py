@@ -588,12 +588,7 @@ class ChaosSuite:
         later; False if the run ended first."""
         if not self._reach(rng, handle, point):
             return False
-        down = rng.uniform(1.0, 4.0)
-        self.env.postgres.pause()
-        try:
-            time.sleep(down)
-        finally:
-            self.env.postgres.resume()
+        self.env.postgres.down_for(rng.uniform(1.0, 4.0))
         self.totals.warehouse_crashes[point] += 1
         return True
 

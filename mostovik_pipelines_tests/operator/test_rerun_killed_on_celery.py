@@ -26,7 +26,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines.framework.runs.dead_runs import DEAD_RUNS_SENSOR, INTERVAL_SECONDS
 from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
@@ -39,7 +39,12 @@ from mostovik_pipelines_tests.support.deployments import (
     two_worker_deployment,
 )
 from mostovik_pipelines_tests.support.graphql import RUN_LIMIT_SECONDS
-from mostovik_pipelines_tests.support.run_queue import run_queue_daemon
+from mostovik_pipelines_tests.support.run_queue import (
+    assert_retried_once,
+    retries_of,
+    run_queue_daemon,
+    the_one_retry,
+)
 from mostovik_pipelines_tests.support.waiting import (
     PROCESS_START_MARGIN_SECONDS,
     wait_for_hanging_request,
@@ -151,10 +156,6 @@ def _messages(instance: DagsterInstance, run_id: str, event_type: DagsterEventTy
         run_id, of_type=event_type)]
 
 
-def _retries_of(instance: DagsterInstance, run_id: str) -> list:
-    return instance.get_runs(RunsFilter(tags={"dagster/parent_run_id": run_id}))
-
-
 def _retried_once_signed_and_exact(services: DagsterServices, instance: DagsterInstance,
                                    run_id: str, backfill_id: str, days: list[str],
                                    pg_warehouse_url: str, standin_server, tmp_path) -> None:
@@ -165,16 +166,10 @@ def _retried_once_signed_and_exact(services: DagsterServices, instance: DagsterI
         lambda: instance.get_run_by_id(run_id).tags.get("dagster/will_retry"),
         PROCESS_START_MARGIN_SECONDS, f"run {run_id}'s will_retry tag", services.log_tails)
     assert will_retry == "true"
-    [retry] = wait_until(lambda: _retries_of(instance, run_id), RUN_LIMIT_SECONDS,
-                         f"the daemon's retry of {run_id}", services.log_tails)
-    assert retry.tags["dagster/retry_number"] == "1"
-    assert (retry.tags[REQUESTED_BY_TAG], retry.tags[REASON_TAG]) == (WHO, WHY)
-    assert services.graphql.wait_for_run(retry.run_id).status == "SUCCESS", (
-        services.graphql.run_errors(retry.run_id))
+    retry = the_one_retry(services, instance, run_id, (WHO, WHY))
     backfill = services.graphql.wait_for_backfill(backfill_id)
     assert backfill.status == "COMPLETED_SUCCESS", backfill
-    assert [run.run_id for run in _retries_of(instance, run_id)] == [retry.run_id]
-    assert _retries_of(instance, retry.run_id) == []
+    assert_retried_once(instance, run_id, retry)
 
     load_cleanly(pg_warehouse_url, standin_server, tmp_path, days)
     loaded = [row for row in business_rows(services.environment["MOSTOVIK_DATABASE_URL"])
@@ -247,7 +242,7 @@ def test_a_rerun_whose_orchestrating_process_dies_with_the_daemon_is_marked_whil
     _retried_once_signed_and_exact(services, instance, run_id, backfill_id, days,
                                    pg_warehouse_url, standin_server, tmp_path)
     services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, 2, INTERVAL_SECONDS)
-    [retry] = _retries_of(instance, run_id)
+    [retry] = retries_of(instance, run_id)
     assert instance.get_run_by_id(retry.run_id).status is DagsterRunStatus.SUCCESS
 
 
@@ -279,5 +274,5 @@ def test_a_rerun_whose_celery_worker_is_killed_mid_step_is_failed_within_a_minut
         failure.dagster_event.event_specific_data.error.to_string())
     _retried_once_signed_and_exact(services, instance, run_id, backfill_id, days,
                                    pg_warehouse_url, standin_server, tmp_path)
-    [retry] = _retries_of(instance, run_id)
+    [retry] = retries_of(instance, run_id)
     assert hostname not in step_workers(instance, retry.run_id).values()

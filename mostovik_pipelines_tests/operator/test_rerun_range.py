@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from unittest import mock
 from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from dagster import DagsterEventType, DagsterInstance
+from dagster import DagsterEventType
 
 from mostovik_pipelines.framework.runs.tags import (
     RANGE_END_TAG,
@@ -110,8 +108,7 @@ def _run_span(run) -> list[str]:
 
 def _enqueued(services: DagsterServices, run_ids: list[str]) -> dict[str, bool]:
     """Whether each run went through the run queue: its event log records RUN_ENQUEUED."""
-    with mock.patch.dict(os.environ, services.environment), DagsterInstance.from_config(
-            str(services.dagster_home)) as instance:
+    with services.instance() as instance:
         return {run_id: bool(instance.get_records_for_run(
             run_id, of_type=DagsterEventType.RUN_ENQUEUED).records) for run_id in run_ids}
 

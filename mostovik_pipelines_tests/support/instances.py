@@ -82,16 +82,20 @@ def fresh_warehouse(postgres: ThrowawayPostgres, name: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def fresh_deployment(postgres: ThrowawayPostgres, standin_server: StandinServer, work_dir: Path,
-                     name: str) -> Iterator[tuple[Path, dict[str, str]]]:
+                     name: str, instance_server: ThrowawayPostgres | None = None,
+                     ) -> Iterator[tuple[Path, dict[str, str]]]:
     """A fresh production instance database and a fresh warehouse cloned from the template, for
     the Dagster processes of one test module: the DAGSTER_HOME, and the environment they read
     (the instance's settings, the warehouse, the stand-in's CBR and ERP, a data directory, the
-    in-process executor) for the module to add its own to. Both databases are dropped after."""
+    in-process executor) for the module to add its own to. The instance database is on
+    ``instance_server`` when given (a server of its own, for a test to stop), else beside the
+    warehouse. Both databases are dropped after."""
     suffix = uuid.uuid4().hex[:8]
     dagster_db = f"dagster_{name}_{suffix}"
+    instance_server = instance_server or postgres
     with fresh_warehouse(postgres, f"wh_{name}_{suffix}") as warehouse_url:
         try:
-            home, environment = production_instance(postgres, dagster_db, work_dir)
+            home, environment = production_instance(instance_server, dagster_db, work_dir)
             environment.update({
                 "MOSTOVIK_DATABASE_URL": warehouse_url,
                 "MOSTOVIK_CBR_URL": standin_server.cbr_url,
@@ -101,5 +105,5 @@ def fresh_deployment(postgres: ThrowawayPostgres, standin_server: StandinServer,
             })
             yield home, environment
         finally:
-            with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+            with psycopg.connect(instance_server.dsn(), autocommit=True) as connection:
                 connection.execute(f"DROP DATABASE IF EXISTS {dagster_db} WITH (FORCE)")

@@ -79,6 +79,15 @@ class ThrowawayPostgres:
         data: every connection drops, new ones are refused until :meth:`resume`."""
         self._run(require_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
+    def down_for(self, seconds: float) -> None:
+        """An outage of ``seconds``: :meth:`pause`, then :meth:`resume` (also if interrupted).
+        The wait is the fault's own length, not a wait for something to happen."""
+        self.pause()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.resume()
+
     def resume(self) -> None:
         """Start the paused server again, on the same port with the same data."""
         self._run(require_binary("pg_ctl"), "-D", str(self.data), "-o", self._options,

@@ -17,12 +17,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import yaml
+from dagster import DagsterInstance
 
 from mostovik_pipelines_tests.support import dagster_daemon
 from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, DagsterGraphQL
@@ -85,6 +87,13 @@ class DagsterServices:
         self._daemon_started_at = 0.0
         """When the running daemon was started: only its heartbeats since count as healthy (a
         killed daemon's last heartbeats still read as healthy for a while)."""
+
+    @contextlib.contextmanager
+    def instance(self) -> Iterator[DagsterInstance]:
+        """The instance the services run on, as an operator's tools in this process open it."""
+        with (mock.patch.dict(os.environ, self.environment),
+              DagsterInstance.from_config(str(self.dagster_home)) as instance):
+            yield instance
 
     def __enter__(self) -> DagsterServices:
         try:

@@ -23,7 +23,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
-from unittest import mock
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -45,6 +44,11 @@ from mostovik_pipelines_tests.support.graphql import RUN_LIMIT_SECONDS
 from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
 from mostovik_pipelines_tests.support.processes import DAGSTER
+from mostovik_pipelines_tests.support.run_queue import (
+    assert_retried_once,
+    retries_of,
+    the_one_retry,
+)
 from mostovik_pipelines_tests.support.waiting import (
     PROCESS_START_MARGIN_SECONDS,
     limit_for,
@@ -95,8 +99,7 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook
 @pytest.fixture(scope="module")
 def instance(services: DagsterServices) -> Iterator[DagsterInstance]:
     """The instance the services run on, as this process reads it (run storage)."""
-    with (mock.patch.dict(os.environ, services.environment),
-          DagsterInstance.from_config(str(services.dagster_home)) as opened):
+    with services.instance() as opened:
         yield opened
 
 
@@ -145,10 +148,6 @@ def _rows(warehouse_url: str, day: date) -> int:
                                   (day,)).fetchone()[0]
 
 
-def _retries_of(instance: DagsterInstance, run_id: str) -> list:
-    return instance.get_runs(RunsFilter(tags={"dagster/parent_run_id": run_id}))
-
-
 def test_a_live_run_whose_claim_connection_is_cut_for_a_moment_is_not_marked_failed(
     services, instance, standin
 ):
@@ -184,16 +183,10 @@ def _retried_once_and_exact(services: DagsterServices, instance: DagsterInstance
     """The daemon's run retries ran the failed run again once, the retry succeeded and carries
     the run's signature, and the partition holds exactly what one clean run loads."""
     assert instance.get_run_by_id(run_id).tags["dagster/will_retry"] == "true"
-    [retry] = wait_until(lambda: _retries_of(instance, run_id), RUN_LIMIT_SECONDS,
-                         f"the daemon's retry of {run_id}", services.log_tails)
-    assert retry.tags["dagster/retry_number"] == "1"
-    assert (retry.tags[REQUESTED_BY_TAG], retry.tags[REASON_TAG]) == (WHO, WHY)
-    assert services.graphql.wait_for_run(retry.run_id).status == "SUCCESS", (
-        services.graphql.run_errors(retry.run_id))
+    retry = the_one_retry(services, instance, run_id, (WHO, WHY))
     # Once, and only once: later looks of the sensor and the daemon add nothing.
     services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, 2, INTERVAL_SECONDS)
-    assert [run.run_id for run in _retries_of(instance, run_id)] == [retry.run_id]
-    assert _retries_of(instance, retry.run_id) == []
+    assert_retried_once(instance, run_id, retry)
     assert _rows(services.environment["MOSTOVIK_DATABASE_URL"], day) == RATES_PER_DATE
 
 
@@ -278,7 +271,7 @@ def test_a_dagster_job_execute_run_killed_mid_run_is_marked_failed_and_not_retri
     assert failed.tags["dagster/will_retry"] == "false"
     assert "not retried" in _failure_message(instance, run_id)
     services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, 2, INTERVAL_SECONDS)
-    assert _retries_of(instance, run_id) == []
+    assert retries_of(instance, run_id) == []
     assert instance.get_run_by_id(run_id).status is DagsterRunStatus.FAILURE
     assert _rows(services.environment["MOSTOVIK_DATABASE_URL"], EXECUTE_DATE) == 0
     # Its alert, sent by the dead-run sensor (run_failure_alerts sees only runs launched
