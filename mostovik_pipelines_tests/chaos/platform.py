@@ -15,6 +15,9 @@ its runs are queued or running brings one part down for a random outage:
   broker outage, where the range allows, begins while its runs are queued and outlasts Celery's
   own reconnection (:data:`CELERY_GIVES_UP_SECONDS`), so a submission meets Celery giving up;
 * ``daemon``: dagster-daemon is killed (SIGKILL), then started again;
+* ``host``: the daemon killed with its code servers and run workers, as a lost host, while a
+  step is held on a worker (:mod:`.platform_host`); the dead run must be marked failed while
+  that step goes on, and its one retry succeed;
 * ``disk_full``: the landing store's disk is full from before the launch until a run's first
   write to it has failed, then freed (only as root, which can mount a small disk);
 * ``claim_cut`` and ``wrong_setting``: one ``dagster job execute`` run's claim connection cut
@@ -25,7 +28,8 @@ Scenarios take the kinds in turn, in a seeded order, so a short run has each. A 
 daemon found exited is started again 5 s later, as deploy/systemd does; the summary counts it.
 
 Every fault is one the deployment promises to ride out without an operator, so the judge asks
-for all of it: every run of the scenario succeeded, each partition was materialised once, no run
+for all of it: every run of the scenario succeeded (after a lost host: but a dead run whose one
+retry did), each partition was materialised once, no run
 is left unfinished, the webserver answers and every daemon is healthy again, every partition
 equals a clean run of the source's current rates, no key is held twice; at the end, every
 backfill is marked completed.
@@ -38,10 +42,8 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 import httpx
 from dagster import DagsterEventType, DagsterInstance, RunsFilter
@@ -50,6 +52,7 @@ from mostovik_pipelines import definitions
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
 from mostovik_pipelines_tests.chaos.platform_claims import CLAIM_KINDS, SCENARIO_TAG, claim_scenario
+from mostovik_pipelines_tests.chaos.platform_host import HELD_SECONDS, HOST, hold_fetch, lose_host
 from mostovik_pipelines_tests.chaos.scenarios import (
     CODES,
     ChaosSuite,
@@ -79,7 +82,7 @@ from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
 from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS, DagsterServices
 
-KINDS = ("warehouse", "run_storage", "broker", "daemon", "disk_full", *CLAIM_KINDS)
+KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, "disk_full", *CLAIM_KINDS)
 ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
@@ -110,6 +113,8 @@ class PlatformTotals:
     runs: int = 0
     failed_runs: int = 0
     """Runs that did not succeed: a fault the deployment should have ridden out."""
+    dead_runs_retried: int = 0
+    """Runs of a lost host marked failed and taken up by their one retry, which succeeded."""
     not_once: int = 0
     """Partitions materialised other than once by their scenario's runs."""
     left_unfinished: int = 0
@@ -152,6 +157,9 @@ class PlatformEnvironment:
             "MOSTOVIK_CELERY_BACKEND_URL": self.redis.url(1),
             "MOSTOVIK_DATABASE_URL": chaos.url,
             "MOSTOVIK_CBR_URL": chaos.standin_server.cbr_url,
+            # A fetch held at the stand-in (the lost host's, the cut claim's) stays held until
+            # the scenario lets it go, not until the client's own 30 s.
+            "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(HELD_SECONDS),
             "MOSTOVIK_DATA_DIR": str(self.root / "data"),
             "MOSTOVIK_STORAGE_DIR": str(self.root / "shared" / "storage"),
             "MOSTOVIK_LANDING_DIR": str(landing),
@@ -177,11 +185,8 @@ class PlatformEnvironment:
         return tuple(kind for kind in KINDS if (kind != "disk_full" or self.disk is not None)
                      and (kind != "claim_cut" or os.geteuid() == 0))  # ss -K needs root
 
-    @contextlib.contextmanager
-    def instance(self) -> Iterator[DagsterInstance]:
-        with (mock.patch.dict(os.environ, self.environment),
-              DagsterInstance.from_config(str(self.home)) as instance):
-            yield instance
+    def instance(self) -> contextlib.AbstractContextManager[DagsterInstance]:
+        return self.services.instance()
 
     def close(self) -> None:
         self.services.stop()
@@ -234,7 +239,8 @@ class PlatformSuite:
             self.chaos.standin.change_cbr_rates(day, set_values={
                 code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
         outage = rng.uniform(*self.outage_seconds)
-        point = "before" if kind == "disk_full" else rng.choice(("queued", "running"))
+        point = ("before" if kind == "disk_full" else "fetching" if kind == HOST
+                 else rng.choice(("queued", "running")))
         if (kind == "broker" and not self.totals.faults[kind]
                 and self.outage_seconds[1] > CELERY_GIVES_UP_SECONDS):
             outage = rng.uniform(CELERY_GIVES_UP_SECONDS, self.outage_seconds[1])
@@ -249,6 +255,7 @@ class PlatformSuite:
         tag = {SCENARIO_TAG: f"{self.seed}:{number}"}
         if kind == "disk_full":
             fill(self.platform.disk)
+        held = hold_fetch(self, partitions) if kind == HOST else None
         if backfill:
             self.backfills.append(self.graphql.launch_partition_backfill([ASSET], partitions,
                                                                          tags=tag))
@@ -257,17 +264,19 @@ class PlatformSuite:
                 self.graphql.launch_job_run(JOB, partition, tags=tag)
         self.totals.launches["backfill" if backfill else "runs"] += 1
         if point == "running":
-            self._wait_for(lambda: self._runs(tag, started=True), what="a started run")
+            self._wait_for(lambda: self.runs_tagged(tag, started=True), what="a started run")
             time.sleep(rng.uniform(0, 3))
-        self._inject(kind, outage, tag)
+        problems = (lose_host(self, outage, tag, held) if held is not None
+                    else self._inject(kind, outage, tag))
         self.totals.faults[kind] += 1
         self.totals.points[point] += 1
         if kind != "disk_full":
             self.totals.longest_outage[kind] = max(outage,
                                                    self.totals.longest_outage.get(kind, 0))
 
-        problems = self._judge(tag, partitions, expected_runs=None if backfill else len(days),
-                               backfill_id=self.backfills[-1] if backfill else None)
+        problems += self._judge(tag, partitions, expected_runs=None if backfill else len(days),
+                                backfill_id=self.backfills[-1] if backfill else None,
+                                lost_host=kind == HOST)
         self.totals.scenarios += 1
         self.totals.partitions += len(partitions)
         notes.append(f"{time.monotonic() - started:.0f}s")
@@ -279,7 +288,7 @@ class PlatformSuite:
 
     # --- faults -------------------------------------------------------------------------------
 
-    def _inject(self, kind: str, outage: float, tag: dict[str, str]) -> None:
+    def _inject(self, kind: str, outage: float, tag: dict[str, str]) -> list[str]:
         platform = self.platform
         if kind == "disk_full":
             # Full until a write met it (an extract retried), then freed at once.
@@ -287,7 +296,7 @@ class PlatformSuite:
                 lambda: self._retried(tag) or self._finished(tag),
                 what="a write to the full disk") and self._retried(tag))
             free(platform.disk)
-            return
+            return []
         down, up = {
             "warehouse": (self.chaos.postgres.pause, self.chaos.postgres.resume),
             "run_storage": (platform.run_storage.pause, platform.run_storage.resume),
@@ -297,30 +306,45 @@ class PlatformSuite:
         down()
         time.sleep(outage)
         up()
+        return []
 
     # --- the judge ----------------------------------------------------------------------------
 
     def _judge(self, tag: dict[str, str], partitions: tuple[str, ...],
-               expected_runs: int | None, backfill_id: str | None) -> list[str]:
+               expected_runs: int | None, backfill_id: str | None,
+               lost_host: bool = False) -> list[str]:
+        """What went wrong in the scenario's runs. After a lost host (``lost_host``) a run
+        marked dead is ridden out if the daemon retried it once and the retry succeeded; each
+        partition is then materialised at least once and by no run twice (the dead run may
+        have loaded some before it died, its retry loads them again, idempotently)."""
         problems: list[str] = []
 
         def finished() -> list[RunInfo] | None:
             if backfill_id is not None:
                 self._backfill_not_given_up(backfill_id)
-            return self._all_finished(tag, partitions, expected_runs)
+            runs = self._all_finished(tag, partitions, expected_runs)
+            return None if runs and lost_host and _awaiting_retry(runs) else runs
 
         try:
             runs = self._wait_for(finished, what="the scenario's runs finished")
         except AssertionError as error:
             return [str(error)[:3000]]
         self.totals.runs += len(runs)
+        retries = Counter(run.parent_run_id for run in runs if run.parent_run_id)
+        succeeded = {run.parent_run_id for run in runs
+                     if run.parent_run_id and run.status == "SUCCESS"}
         for run in runs:
-            if run.status != "SUCCESS":
+            if (lost_host and run.status == "FAILURE" and retries[run.run_id] == 1
+                    and run.run_id in succeeded):
+                self.totals.dead_runs_retried += 1
+            elif run.status != "SUCCESS":
                 self.totals.failed_runs += 1
                 problems.append(f"run {run.run_id} {run.status}: "
                                 f"{self._quietly(self.graphql.run_errors, run.run_id)}")
-        counts = self._materialisations(runs)
-        wrong = {p: counts.get(p, 0) for p in partitions if counts.get(p, 0) != 1}
+        per_run = self._materialisations(runs)
+        counts = sum(per_run.values(), Counter())
+        wrong = {p: counts.get(p, 0) for p in partitions if counts.get(p, 0) != 1 and not (
+            lost_host and counts.get(p, 0) >= 1 and all(c[p] <= 1 for c in per_run.values()))}
         if wrong:
             self.totals.not_once += len(wrong)
             problems.append(f"materialised other than once: {wrong}")
@@ -377,19 +401,19 @@ class PlatformSuite:
         except (GraphQLError, httpx.HTTPError):
             return None
 
-    def _runs(self, tag: dict[str, str], started: bool = False) -> list[RunInfo]:
+    def runs_tagged(self, tag: dict[str, str], started: bool = False) -> list[RunInfo]:
         runs = self.graphql.runs({"tags": [{"key": k, "value": v} for k, v in tag.items()]})
         return [run for run in runs if run.status == "STARTED"] if started else runs
 
     def _finished(self, tag: dict[str, str]) -> bool:
-        runs = self._runs(tag)
+        runs = self.runs_tagged(tag)
         return bool(runs) and all(run.status in TERMINAL_RUN_STATUSES for run in runs)
 
     def _all_finished(self, tag: dict[str, str], partitions: tuple[str, ...],
                       expected_runs: int | None) -> list[RunInfo] | None:
         """The scenario's runs once all are finished and, but for a failed one, cover its
         partitions (a backfill launches its run on a later pass of its daemon)."""
-        runs = self._runs(tag)
+        runs = self.runs_tagged(tag)
         if not runs or any(run.status not in TERMINAL_RUN_STATUSES for run in runs):
             return None
         covered = {day for run in runs for day in _partitions_of(run)}
@@ -411,15 +435,24 @@ class PlatformSuite:
                 run.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY).records
                 for run in instance.get_runs(RunsFilter(tags=tag)))
 
-    def _materialisations(self, runs: list[RunInfo]) -> Counter:
-        counts: Counter = Counter()
+    def _materialisations(self, runs: list[RunInfo]) -> dict[str, Counter]:
+        """Per run, how many times it materialised each partition."""
+        counts: dict[str, Counter] = {}
         with self.platform.instance() as instance:
             for run in runs:
-                for record in instance.get_records_for_run(
+                counts[run.run_id] = Counter(
+                    record.event_log_entry.dagster_event.partition
+                    for record in instance.get_records_for_run(
                         run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION,
-                        limit=1000).records:
-                    counts[record.event_log_entry.dagster_event.partition] += 1
+                        limit=1000).records)
         return counts
+
+
+def _awaiting_retry(runs: list[RunInfo]) -> bool:
+    """A first run failed whose retry (the daemon's, once) is not among the runs yet."""
+    retried = {run.parent_run_id for run in runs}
+    return any(run.status == "FAILURE" and run.parent_run_id is None
+               and run.run_id not in retried for run in runs)
 
 
 def _partitions_of(run: RunInfo) -> tuple[str, ...]:
@@ -489,7 +522,8 @@ def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:
         f"  full disks met by a write (an extract retried): {totals.disk_full_hits}",
         f"  webserver or daemon exited, started again by the supervisor: "
         f"{sum(totals.revived.values())} ({_counts(totals.revived)})",
-        f"  runs:                 {totals.runs}, of which failed: {totals.failed_runs}",
+        f"  runs:                 {totals.runs}, of which failed: {totals.failed_runs}; "
+        f"dead after a lost host and retried once to success: {totals.dead_runs_retried}",
         f"  partitions not materialised exactly once: {totals.not_once}",
         f"  runs left unfinished: {totals.left_unfinished}",
         f"  differences found:    {totals.differences}",
