@@ -18,7 +18,10 @@ of its storage round trips), and a call on it that finds it dead is made again, 
 connection that the database refuses
 because it is away (refused, starting up, shutting down, closed) is tried again with backoff for
 ``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS`` (90 s) of one outage, each wait logged: the run rides out
-a restart of its run storage instead of failing on its next event. A storage call whose
+a restart of its run storage instead of failing on its next event. The outage is timed on one
+clock with the run's claim (``framework/runs/storage_outage.py``); past the budget a call fails
+at once with :class:`RunStorageAway`, naming the setting, which dagster-postgres does not make
+again. A storage call whose
 statement the restart cut off in flight (a run's process writes events back to back, so one
 often is) is made again on a new connection, within the same budget: the call that failed was
 rolled back, unless the database had committed it just before it went away and the answer was
@@ -37,7 +40,6 @@ import functools
 import inspect
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -46,6 +48,7 @@ import sqlalchemy
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
+import mostovik_pipelines.framework.runs.storage_outage as storage_outage
 from mostovik_pipelines.framework.dagster_compat import storage_engine
 from mostovik_pipelines.framework.errors import ConfigurationError, refused_by_the_server
 
@@ -77,7 +80,8 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     connection each."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS))
+        outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS),
+                         database_of(kwargs.get("postgres_url") or ""))
         try:
             outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))
         except Exception as error:
@@ -182,14 +186,21 @@ def _ping_on_checkout(dbapi_connection, connection_record, connection_proxy) -> 
         raise sqlalchemy.exc.DisconnectionError(str(error)) from error
 
 
+def database_of(url: str) -> str:
+    """The database of a storage URL, as the outage clock names it."""
+    parsed = sqlalchemy.engine.make_url(url) if url else None
+    return storage_outage.database_key(*(
+        (parsed.host, parsed.port, parsed.database) if parsed else (None, None, None)))
+
+
 class _Outage:
     """Connects, riding out the database being away for ``budget_seconds`` of one outage
-    (the process's connection attempts share it: every storage call of a run waits on one)."""
+    (the process's connection attempts share it with each other and with the run's claim:
+    :mod:`.framework.runs.storage_outage`)."""
 
-    def __init__(self, budget_seconds: float) -> None:
+    def __init__(self, budget_seconds: float, database: str) -> None:
         self.budget_seconds = budget_seconds
-        self._since: float | None = None
-        self._guard = threading.Lock()
+        self.database = database
 
     def connect(self, dialect, connection_record, cargs, cparams):
         def away(error: Exception) -> Exception | None:
@@ -226,7 +237,7 @@ class _Outage:
                     raise
                 seconds = self._away_for()
                 if seconds > self.budget_seconds:
-                    raise
+                    raise _gave_up(seconds, self.budget_seconds, reason) from error
                 logger.warning("run storage database away for %.0f s%s (%s); trying again, up "
                                "to %.0f s (%s)", seconds, when,
                                str(reason).strip().splitlines()[0], self.budget_seconds,
@@ -234,8 +245,7 @@ class _Outage:
                 time.sleep(wait)
                 wait = min(wait * 2, 5.0)
                 continue
-            with self._guard:
-                self._since = None
+            storage_outage.answered(self.database)
             return result
 
     def retrying(self, call: Callable[..., T]) -> Callable[..., T]:
@@ -255,7 +265,8 @@ class _Outage:
                     now = time.monotonic()
                     first_failure = first_failure or now
                     if now - first_failure > self.budget_seconds:
-                        raise
+                        raise _gave_up(now - first_failure, self.budget_seconds,
+                                       error.orig) from error
                     logger.warning("run storage connection lost during %s (%s); making the "
                                    "call again, up to %.0f s (%s)", call.__name__,
                                    str(error.orig).strip().splitlines()[0],
@@ -265,11 +276,23 @@ class _Outage:
         return retried
 
     def _away_for(self) -> float:
-        with self._guard:
-            now = time.monotonic()
-            if self._since is None:
-                self._since = now
-            return now - self._since
+        return storage_outage.away_for(self.database)
+
+
+class RunStorageAway(Exception):
+    """The run storage database was away past the outage budget. Not a driver error on
+    purpose: dagster-postgres makes every storage call again five times over about 6 s when the
+    driver fails, and a failing run makes a score of calls, so a run past the budget went on
+    failing for two more minutes."""
+
+
+def _gave_up(seconds: float, budget_seconds: float, reason: object) -> RunStorageAway:
+    """The error an operator reads in the run's output when an outage outlasted the budget."""
+    message = (f"run storage database away for {seconds:.0f} s, past the {budget_seconds:.0f} s "
+               f"a run rides out ({OUTAGE_ENV}); giving up "
+               f"({str(reason).strip().splitlines()[0]})")
+    logger.error(message)
+    return RunStorageAway(message)
 
 
 def _database_away(error: Exception) -> bool:

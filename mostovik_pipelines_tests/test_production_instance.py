@@ -25,6 +25,7 @@ from dagster import (
 )
 
 from mostovik_pipelines import instance_storage
+from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.runs.claims import RETAKE_GRACE_SECONDS
 from mostovik_pipelines.instance_storage import _ping_on_checkout, storage_engine
 from mostovik_pipelines_tests.support.instances import production_instance
@@ -118,9 +119,7 @@ def test_a_run_storage_restart_under_a_live_run_is_ridden_out_and_lets_no_duplic
         standin.fault("hang", seconds=300, match=match)
         first = _execute(env, tmp_path, case="first")
         wait_for_hanging_request(standin, match)
-        run_storage.pause()
-        time.sleep(RUN_STORAGE_DOWN_SECONDS)
-        run_storage.resume()
+        run_storage.down_for(RUN_STORAGE_DOWN_SECONDS)
         second = _execute(env, tmp_path, case="second")
         with DagsterInstance.from_config(str(home)) as instance:
             wait_until(lambda: _logged(instance, "second", "waiting for run(s)"),
@@ -253,6 +252,69 @@ def test_an_instance_started_while_its_run_storage_is_away_waits_for_it(tmp_path
         server.stop()
 
 
+PAST_BUDGET_PARTITION = "2026-11-04"
+
+
+@pytest.mark.slow
+def test_a_run_storage_away_past_the_90_s_budget_under_a_live_run_fails_it_writing_nothing(
+    pg_warehouse_url, standin_server, standin, tmp_path, monkeypatch
+):
+    """The run storage crashes while a run waits on a slow source and stays away past the 90 s
+    a run rides out (the deployment's own budgets, none shortened): the run's process gives up,
+    naming the run storage and the setting; it wrote nothing to the warehouse; once the
+    database is back, a re-run of the partition loads it exactly."""
+    run_storage = ThrowawayPostgres().start()
+    try:
+        home, environment = production_instance(run_storage, "dagster_past_budget", tmp_path)
+        environment |= {
+            "MOSTOVIK_DATABASE_URL": pg_warehouse_url,  # another server: it stays up
+            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+            "MOSTOVIK_CBR_TIMEOUT_SECONDS": "300",
+            "MOSTOVIK_DATA_DIR": str(tmp_path / "data"),
+        }
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        for budget in (instance_storage.OUTAGE_ENV, OUTAGE_SETTING):
+            monkeypatch.delenv(budget, raising=False)
+        env = dict(os.environ)
+        with DagsterInstance.from_config(str(home)):
+            pass  # the instance's tables created, as on a deployed database
+        match = "date_req=04/11/2026"
+        standin.fault("hang", seconds=300, match=match)
+        first = _execute(env, tmp_path, case="past-budget", partition=PAST_BUDGET_PARTITION)
+        wait_for_hanging_request(standin, match)
+        run_storage.pause()
+        away_since = time.monotonic()
+        try:
+            standin.release_hangs()
+            output = first.communicate(timeout=400)[0]
+            gave_up_after = time.monotonic() - away_since
+        finally:
+            run_storage.resume()
+        print(f"the run gave up {gave_up_after:.1f} s into the outage")
+        assert first.returncode != 0
+        budget = instance_storage.DEFAULT_OUTAGE_SECONDS
+        assert f"past the {budget:.0f} s a run rides out ({instance_storage.OUTAGE_ENV})" in (
+            output), output[-3000:]
+        assert run_storage.password not in output
+        assert budget <= gave_up_after <= budget + 30
+        assert [r for r in table_rows(pg_warehouse_url, "cbr_daily_rates")
+                if str(r["partition_date"]) == PAST_BUDGET_PARTITION] == []
+
+        rerun = _execute(env, tmp_path, case="past-budget-rerun", partition=PAST_BUDGET_PARTITION)
+        rerun_output = rerun.communicate(timeout=300)[0]
+        assert rerun.returncode == 0, rerun_output[-3000:]
+        with DagsterInstance.from_config(str(home)) as instance:
+            (again,) = instance.get_runs(
+                RunsFilter(tags={"mostovik_test/case": "past-budget-rerun"}))
+            assert again.status == DagsterRunStatus.SUCCESS
+    finally:
+        run_storage.stop()
+    rows = [r for r in table_rows(pg_warehouse_url, "cbr_daily_rates")
+            if str(r["partition_date"]) == PAST_BUDGET_PARTITION]
+    assert len(rows) == 12
+
+
 def _read_run(instance: DagsterInstance, run_id: str, answer: dict) -> None:
     try:
         answer["run"] = instance.get_run_by_id(run_id)
@@ -274,11 +336,12 @@ def _empty_job():
     return empty
 
 
-def _execute(env: dict[str, str], cwd: Path, case: str) -> subprocess.Popen:
+def _execute(env: dict[str, str], cwd: Path, case: str,
+             partition: str = RESTART_PARTITION) -> subprocess.Popen:
     return subprocess.Popen(
         [str(Path(sys.executable).parent / "dagster"), "job", "execute",
          "-m", "mostovik_pipelines", "-j", "cbr_daily_rates_job",
-         "--tags", json.dumps({"dagster/partition": RESTART_PARTITION,
+         "--tags", json.dumps({"dagster/partition": partition,
                                "mostovik_test/case": case})],
         env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -61,6 +61,7 @@ from pathlib import Path
 import psycopg
 from dagster import DagsterInstance
 
+import mostovik_pipelines.framework.runs.storage_outage as storage_outage
 from mostovik_pipelines.framework.errors import (
     ConfigurationError,
     RunClaimLost,
@@ -212,6 +213,7 @@ class _ClaimKeeper:
 
     def __init__(self, dsn: str, run_id: str, settings: dict[str, str]) -> None:
         self._dsn = dsn
+        self._database = _database_of(dsn)
         self._run_id = run_id
         self._key = _lock_key(run_id)
         self._released = threading.Event()
@@ -232,6 +234,7 @@ class _ClaimKeeper:
             if not verdict.outage:  # a setting of ours, not the database away: say so now
                 raise RunClaimRefused(_refusal_message(verdict, settings)) from error
             self._lost_since = self._verified_at  # away: the keeper takes it once it answers
+            storage_outage.away_for(self._database, since=self._verified_at)
         self._thread = threading.Thread(target=self._keep, name=f"claim {run_id}", daemon=True)
         self._thread.start()
 
@@ -255,6 +258,7 @@ class _ClaimKeeper:
                             f"{now - self._lost_since:.0f} s, past the {FENCE_GRACE_SECONDS:.0f} s "
                             "it may be taken again in: another run may have taken over its "
                             "partitions")
+        storage_outage.answered(self._database)
         self._connection = connection
         self._retaken_at = now if self._lost_since is not None else None
         self._verified_at = now
@@ -280,6 +284,7 @@ class _ClaimKeeper:
             self._connection = None
             if self._lost_since is None:
                 self._lost_since = self._verified_at
+            storage_outage.away_for(self._database, since=self._verified_at)
             return False
         now = time.monotonic()
         if self._retaken_at is not None and now - self._retaken_at >= KEEPER_CHECK_SECONDS / 2:
@@ -417,6 +422,14 @@ def _lock_key(run_id: str) -> int:
     the warehouse's partitions."""
     return int.from_bytes(hashlib.sha256(f"mostovik run {run_id}".encode()).digest()[:8],
                           "big", signed=True)
+
+
+def _database_of(dsn: str) -> str:
+    """The claim's database, as the outage clock names it (the run storage's)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(dsn)
+    return storage_outage.database_key(url.host, url.port, url.database)
 
 
 def _postgres_dsn(instance: DagsterInstance) -> str | None:
