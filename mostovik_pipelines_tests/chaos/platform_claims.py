@@ -1,12 +1,18 @@
-"""The platform suite's faults of one run's own claim and settings, with ``dagster job execute``
-on the production deployment (the fence and the narrow error of issue 44):
+"""The platform suite's faults of one run's own claim and settings on the production
+deployment (the claim and the narrow error of issue 44):
 
 * ``claim_cut``: run 1 holds its partition's claim, held inside its fetch at the stand-in; its
-  claim connection alone is cut (``ss -K``, root) while the run storage stays up for everyone,
-  and run 2 of the same partition is started. Judged: both runs end, neither fails but as the
-  fence says (run 1 refused for its lost claim), each loads the partition at most once and never
-  while the other could write it (a run that wrote after the cut ended before run 2 loaded),
-  the partition exact, no key twice, nothing left unfinished.
+  claim connections alone are cut (``ss -K``, root) while the run storage stays up for everyone,
+  and run 2 of the same partition is started (``dagster job execute``). Run 1 is, in turn, a run
+  the daemon launched from the queue with its steps on Celery (the run worker's claim and the
+  step's, both cut), and a ``dagster job execute`` run (its one claim cut). ``ss -K`` cuts the
+  connections once and run 1's keepers connect again at once, so the scenario line says what
+  run 1 did (``run 1 SUCCESS``: it took its claim again within the grace and run 2 waited for
+  it; ``run 1 fenced``). A cut that lasts, so that the fence refuses run 1's writes, is
+  ``framework/runs/test_fence_processes.py`` (a relay cut off). Judged: both runs end, neither
+  fails but as the fence says (run 1 refused for its lost claim), each loads the partition at
+  most once and never while the other could write it (a run that wrote after the cut ended
+  before run 2 loaded), the partition exact, no key twice, nothing left unfinished.
 * ``wrong_setting``: a run started with one run storage setting wrong (the password, or the
   database name). Judged: it exits failed well inside the outage budget (it did not wait as for
   a database away), its output names the setting's variable, nothing of its partition changed,
@@ -40,6 +46,8 @@ CLAIM_KINDS = ("claim_cut", "wrong_setting")
 SCENARIO_TAG = "chaos/scenario"
 JOB = "cbr_daily_rates_job"
 RUN_LIMIT_SECONDS = 600
+QUEUED_START_SECONDS = 120
+"""From the queue to a step inside its fetch: the daemon's pass, a run worker, a Celery task."""
 WRONG_SETTINGS = {"MOSTOVIK_DAGSTER_PG_PASSWORD": "not-the-password",
                   "MOSTOVIK_DAGSTER_PG_DB": "no_such_database"}
 CLAIM_LOST = "claim"
@@ -54,12 +62,14 @@ def claim_scenario(suite, number: int, kind: str) -> None:
     partition = rng.choice(suite.pool)
     tag = f"{suite.seed}:{number}"
     how = "ss -K" if kind == "claim_cut" else rng.choice(sorted(WRONG_SETTINGS))
+    queued = kind == "claim_cut" and suite.totals.faults[kind] % 2 == 0
+    outcome = {}
     try:
         if kind == "claim_cut":
             for code in rng.sample(CODES, rng.randint(0, 3)):
                 suite.chaos.standin.change_cbr_rates(partition,
                                                      set_values={code: random_rate(rng)})
-            problems, runs = _claim_cut(suite, partition, tag)
+            problems, runs = _claim_cut(suite, partition, tag, queued, outcome)
         else:
             problems, runs = _wrong_setting(suite, partition, tag, how)
     except (AssertionError, subprocess.TimeoutExpired) as error:
@@ -68,12 +78,13 @@ def claim_scenario(suite, number: int, kind: str) -> None:
     totals = suite.totals
     totals.faults[kind] += 1
     totals.points["running" if kind == "claim_cut" else "before"] += 1
-    totals.launches["job execute"] += 1
+    totals.launches["queued" if queued else "job execute"] += 1
     totals.scenarios += 1
     totals.partitions += 1
     totals.runs += runs
-    notes = [kind, how, "job execute",
-             partition, f"{time.monotonic() - started:.0f}s"]
+    notes = [kind, how, "queued, on Celery" if queued else "job execute",
+             partition, *(f"{name} {value}" for name, value in outcome.items()),
+             f"{time.monotonic() - started:.0f}s"]
     if problems:
         totals.failures.append(f"scenario {number} ({' '.join(notes)}): " + "; ".join(problems))
     suite.log(f"  #{number:<4} {' '.join(notes)}{'  FAILED: ' if problems else ''}"
@@ -90,17 +101,25 @@ def _start(suite, partition: str, tag: str, change: dict[str, str] | None = None
         stderr=subprocess.STDOUT, text=True)
 
 
-def _claim_cut(suite, partition: str, tag: str) -> tuple[list[str], int]:
+def _claim_cut(suite, partition: str, tag: str, queued: bool,
+               outcome: dict[str, object]) -> tuple[list[str], int]:
+    """Run 1 held in its fetch, its run claim cut, run 2 started. ``queued``: run 1 is launched
+    by the daemon from the queue, its steps on Celery (then both its run worker and its step
+    hold the claim, and both are cut: a holder's host cut off); else by ``dagster job
+    execute`` in process (one claim)."""
     standin = suite.chaos.standin
     day = date.fromisoformat(partition)
     match = f"date_req={day:%d/%m/%Y}"
     standin.fault("hang", seconds=RUN_LIMIT_SECONDS, match=match)
-    first = _start(suite, partition, tag)
+    first = None if queued else _start(suite, partition, tag)
+    if queued:
+        suite.graphql.launch_job_run(JOB, partition, tags={SCENARIO_TAG: tag})
     second = None
     problems: list[str] = []
     try:
         wait_until(lambda: any(match in r["query"] for r in standin.hanging("cbr")),
-                   PROCESS_START_MARGIN_SECONDS, "run 1 inside its fetch")
+                   QUEUED_START_SECONDS if queued else PROCESS_START_MARGIN_SECONDS,
+                   "run 1 inside its fetch")
         with suite.platform.instance() as instance:
             [run_1] = instance.get_runs(RunsFilter(tags={SCENARIO_TAG: tag}))
         run_storage = suite.platform.run_storage
@@ -108,15 +127,17 @@ def _claim_cut(suite, partition: str, tag: str) -> tuple[list[str], int]:
             # Its run claim, not its driver claim: the partition's guard is what is cut off.
             cut = cut_claim_connections(observer, run_storage.port, run_1.run_id)
         cut_at = datetime.now(UTC).timestamp()
-        if len(cut) != 1:
-            problems.append(f"{len(cut)} claim connections cut, not run 1's one")
+        outcome["cut"] = len(cut)
+        holders = (1, 2) if queued else (1,)
+        if len(cut) not in holders:
+            problems.append(f"{len(cut)} claim connections cut, not run 1's {holders}")
         second = _start(suite, partition, tag)
         with suite.platform.instance() as instance:
             wait_until(lambda: len(instance.get_runs(RunsFilter(tags={SCENARIO_TAG: tag}))) == 2,
                        PROCESS_START_MARGIN_SECONDS, "run 2 recorded")
         standin.release_hangs()  # run 1's fetch answered once run 2 is on its way
-        outputs = [process.communicate(timeout=RUN_LIMIT_SECONDS)[0]
-                   for process in (first, second)]
+        outputs = [_ended(suite, run_1.run_id) if queued else first.communicate(
+            timeout=RUN_LIMIT_SECONDS)[0], second.communicate(timeout=RUN_LIMIT_SECONDS)[0]]
     finally:
         standin.clear_faults()
         for process in (first, second):
@@ -133,6 +154,10 @@ def _claim_cut(suite, partition: str, tag: str) -> tuple[list[str], int]:
             for run in runs}
         ends = {run.run_id: instance.get_run_record_by_id(run.run_id).end_time for run in runs}
         run_1, run_2 = runs
+        if queued:
+            outputs[0] = _failure_text(instance, run_1.run_id)
+        outcome["run 1"] = ("fenced" if CLAIM_LOST in outputs[0].lower()
+                            and run_1.status == DagsterRunStatus.FAILURE else run_1.status.value)
         for run, output in zip(runs, outputs, strict=True):
             if run.status == DagsterRunStatus.SUCCESS:
                 continue
@@ -153,6 +178,25 @@ def _claim_cut(suite, partition: str, tag: str) -> tuple[list[str], int]:
         suite.totals.left_unfinished += len(unfinished)
         problems.append(f"runs left unfinished: {unfinished}")
     return [*problems, *_data_problems(suite, partition)], 2
+
+
+def _ended(suite, run_id: str) -> str:
+    """Wait for the daemon-launched run 1 to end (its failure is read from its event log)."""
+    with suite.platform.instance() as instance:
+        wait_until(lambda: instance.get_run_by_id(run_id).is_finished, RUN_LIMIT_SECONDS,
+                   "run 1 ended")
+    return ""
+
+
+def _failure_text(instance, run_id: str) -> str:
+    """What a run's failures say: its failed steps' errors and its own."""
+    texts = []
+    for kind in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE):
+        for record in instance.get_records_for_run(run_id, of_type=kind).records:
+            event = record.event_log_entry.dagster_event
+            error = getattr(event.event_specific_data, "error", None)
+            texts.append(f"{event.message or ''} {error.to_string() if error else ''}")
+    return "\n".join(texts)
 
 
 def _wrong_setting(suite, partition: str, tag: str, setting: str) -> tuple[list[str], int]:
