@@ -1,18 +1,18 @@
 """The platform suite's faults of one run's own claim and settings on the production
 deployment (the claim and the narrow error of issue 44):
 
-* ``claim_cut``: run 1 holds its partition's claim, held inside its fetch at the stand-in; its
-  claim connections alone are cut (``ss -K``, root) while the run storage stays up for everyone,
-  and run 2 of the same partition is started (``dagster job execute``). Run 1 is, in turn, a run
-  the daemon launched from the queue with its steps on Celery (the run worker's claim and the
-  step's, both cut), and a ``dagster job execute`` run (its one claim cut). ``ss -K`` cuts the
-  connections once and run 1's keepers connect again at once, so the scenario line says what
-  run 1 did (``run 1 SUCCESS``: it took its claim again within the grace and run 2 waited for
-  it; ``run 1 fenced``). A cut that lasts, so that the fence refuses run 1's writes, is
-  ``framework/runs/test_fence_processes.py`` (a relay cut off). Judged: both runs end, neither
-  fails but as the fence says (run 1 refused for its lost claim), each loads the partition at
-  most once and never while the other could write it (a run that wrote after the cut ended
-  before run 2 loaded), the partition exact, no key twice, nothing left unfinished.
+* ``claim_cut``: run 1 holds its partition's claim, held inside its fetch at the stand-in, and
+  is cut off from it while the run storage stays up for everyone; run 2 of the same partition is
+  started (``dagster job execute``). In turn (:data:`CUT_MODES`): a run the daemon launched from
+  the queue, its steps on Celery, its claim connections (the run worker's and the step's) cut
+  once with ``ss -K`` (root); a ``dagster job execute`` run whose every route to the run storage
+  (a relay) stays cut until run 2 has loaded; a ``dagster job execute`` run cut once. Cut once,
+  run 1's keepers connect again at once, and it goes on while run 2 waits (the line says
+  ``run 1 SUCCESS``); cut for good, run 2 takes over and the fence must stop run 1 (``run 1
+  fenced``: it fails naming its lost claim and no stored row is its). Judged: both runs end,
+  neither fails but as the fence says, each loads the partition at most once and never while
+  the other could write it (a run that wrote after the cut ended before run 2 loaded), the
+  partition exact, no key twice, nothing left unfinished.
 * ``wrong_setting``: a run started with one run storage setting wrong (the password, or the
   database name). Judged: it exits failed well inside the outage budget (it did not wait as for
   a database away), its output names the setting's variable, nothing of its partition changed,
@@ -38,7 +38,7 @@ from mostovik_pipelines_tests.chaos.scenarios import (
     duplicated_keys,
     random_rate,
 )
-from mostovik_pipelines_tests.support.postgres import cut_claim_connections
+from mostovik_pipelines_tests.support.postgres import PartitionableLink, cut_claim_connections
 from mostovik_pipelines_tests.support.processes import DAGSTER
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 
@@ -46,6 +46,11 @@ CLAIM_KINDS = ("claim_cut", "wrong_setting")
 SCENARIO_TAG = "chaos/scenario"
 JOB = "cbr_daily_rates_job"
 RUN_LIMIT_SECONDS = 600
+QUEUED_CUT = "ss -K, queued on Celery"
+LASTING_CUT = "relay cut, job execute"
+CUT_MODES = (QUEUED_CUT, LASTING_CUT, "ss -K, job execute")
+"""How ``claim_cut`` cuts run 1 off, in turn: the first of a suite (the one of ``make test``'s
+fixed-seed run) a daemon-launched run's connections cut once, then a lasting cut."""
 QUEUED_START_SECONDS = 120
 """From the queue to a step inside its fetch: the daemon's pass, a run worker, a Celery task."""
 WRONG_SETTINGS = {"MOSTOVIK_DAGSTER_PG_PASSWORD": "not-the-password",
@@ -61,15 +66,16 @@ def claim_scenario(suite, number: int, kind: str) -> None:
     started = time.monotonic()
     partition = rng.choice(suite.pool)
     tag = f"{suite.seed}:{number}"
-    how = "ss -K" if kind == "claim_cut" else rng.choice(sorted(WRONG_SETTINGS))
-    queued = kind == "claim_cut" and suite.totals.faults[kind] % 2 == 0
-    outcome = {}
+    mode = CUT_MODES[suite.totals.faults[kind] % len(CUT_MODES)] if kind == "claim_cut" else None
+    how = mode or rng.choice(sorted(WRONG_SETTINGS))
+    queued = mode == QUEUED_CUT
+    outcome: dict[str, object] = {}
     try:
         if kind == "claim_cut":
             for code in rng.sample(CODES, rng.randint(0, 3)):
                 suite.chaos.standin.change_cbr_rates(partition,
                                                      set_values={code: random_rate(rng)})
-            problems, runs = _claim_cut(suite, partition, tag, queued, outcome)
+            problems, runs = _claim_cut(suite, partition, tag, mode, outcome)
         else:
             problems, runs = _wrong_setting(suite, partition, tag, how)
     except (AssertionError, subprocess.TimeoutExpired) as error:
@@ -82,7 +88,7 @@ def claim_scenario(suite, number: int, kind: str) -> None:
     totals.scenarios += 1
     totals.partitions += 1
     totals.runs += runs
-    notes = [kind, how, "queued, on Celery" if queued else "job execute",
+    notes = [kind, how,
              partition, *(f"{name} {value}" for name, value in outcome.items()),
              f"{time.monotonic() - started:.0f}s"]
     if problems:
@@ -101,17 +107,21 @@ def _start(suite, partition: str, tag: str, change: dict[str, str] | None = None
         stderr=subprocess.STDOUT, text=True)
 
 
-def _claim_cut(suite, partition: str, tag: str, queued: bool,
+def _claim_cut(suite, partition: str, tag: str, mode: str,
                outcome: dict[str, object]) -> tuple[list[str], int]:
-    """Run 1 held in its fetch, its run claim cut, run 2 started. ``queued``: run 1 is launched
-    by the daemon from the queue, its steps on Celery (then both its run worker and its step
-    hold the claim, and both are cut: a holder's host cut off); else by ``dagster job
-    execute`` in process (one claim)."""
+    """Run 1 held in its fetch, cut off from its claim, run 2 started. :data:`QUEUED_CUT`: run
+    1 is launched by the daemon from the queue, its steps on Celery (its run worker and its step
+    hold the claim; both connections are cut once); else by ``dagster job execute`` in process
+    (one claim): cut once, or (:data:`LASTING_CUT`) its every route to the run storage cut off
+    until run 2 has loaded, when the fence must stop it."""
     standin = suite.chaos.standin
     day = date.fromisoformat(partition)
     match = f"date_req={day:%d/%m/%Y}"
+    queued, lasting = mode == QUEUED_CUT, mode == LASTING_CUT
     standin.fault("hang", seconds=RUN_LIMIT_SECONDS, match=match)
-    first = None if queued else _start(suite, partition, tag)
+    link = PartitionableLink(suite.platform.run_storage.port) if lasting else None
+    first = None if queued else _start(
+        suite, partition, tag, {"MOSTOVIK_DAGSTER_PG_PORT": str(link.port)} if link else None)
     if queued:
         suite.graphql.launch_job_run(JOB, partition, tags={SCENARIO_TAG: tag})
     second = None
@@ -122,23 +132,35 @@ def _claim_cut(suite, partition: str, tag: str, queued: bool,
                    "run 1 inside its fetch")
         with suite.platform.instance() as instance:
             [run_1] = instance.get_runs(RunsFilter(tags={SCENARIO_TAG: tag}))
-        run_storage = suite.platform.run_storage
-        with psycopg.connect(run_storage.dsn("dagster_platform"), autocommit=True) as observer:
-            # Its run claim, not its driver claim: the partition's guard is what is cut off.
-            cut = cut_claim_connections(observer, run_storage.port, run_1.run_id)
+        if link is not None:
+            link.cut()
+        else:
+            run_storage = suite.platform.run_storage
+            with psycopg.connect(run_storage.dsn("dagster_platform"),
+                                 autocommit=True) as observer:
+                # Its run claim, not its driver claim: the partition's guard is what is cut.
+                cut = cut_claim_connections(observer, run_storage.port, run_1.run_id)
+            outcome["cut"] = len(cut)
+            holders = (1, 2) if queued else (1,)
+            if len(cut) not in holders:
+                problems.append(f"{len(cut)} claim connections cut, not run 1's {holders}")
         cut_at = datetime.now(UTC).timestamp()
-        outcome["cut"] = len(cut)
-        holders = (1, 2) if queued else (1,)
-        if len(cut) not in holders:
-            problems.append(f"{len(cut)} claim connections cut, not run 1's {holders}")
         second = _start(suite, partition, tag)
         with suite.platform.instance() as instance:
             wait_until(lambda: len(instance.get_runs(RunsFilter(tags={SCENARIO_TAG: tag}))) == 2,
                        PROCESS_START_MARGIN_SECONDS, "run 2 recorded")
-        standin.release_hangs()  # run 1's fetch answered once run 2 is on its way
-        outputs = [_ended(suite, run_1.run_id) if queued else first.communicate(
-            timeout=RUN_LIMIT_SECONDS)[0], second.communicate(timeout=RUN_LIMIT_SECONDS)[0]]
+        if lasting:  # run 2 takes the partition over and loads it; then run 1 goes on
+            outputs = [None, second.communicate(timeout=RUN_LIMIT_SECONDS)[0]]
+            standin.release_hangs()
+            link.heal()
+            outputs[0] = first.communicate(timeout=RUN_LIMIT_SECONDS)[0]
+        else:
+            standin.release_hangs()  # run 1's fetch answered once run 2 is on its way
+            outputs = [_ended(suite, run_1.run_id) if queued else first.communicate(
+                timeout=RUN_LIMIT_SECONDS)[0], second.communicate(timeout=RUN_LIMIT_SECONDS)[0]]
     finally:
+        if link is not None:
+            link.cut()
         standin.clear_faults()
         for process in (first, second):
             if process is not None and process.poll() is None:
@@ -174,10 +196,24 @@ def _claim_cut(suite, partition: str, tag: str, queued: bool,
             suite.totals.not_once += 1
             problems.append("run 2 loaded while run 1, which wrote after the cut, was live")
         unfinished = [run.run_id for run in runs if not run.is_finished]
+    if lasting:
+        writers = _writers(suite, partition)
+        if outcome["run 1"] != "fenced" or run_1.run_id in writers:
+            suite.totals.not_once += 1
+            problems.append(f"run 1 cut off for good was not fenced: {outcome['run 1']}, "
+                            f"rows by {sorted(writers)}")
     if unfinished:
         suite.totals.left_unfinished += len(unfinished)
         problems.append(f"runs left unfinished: {unfinished}")
     return [*problems, *_data_problems(suite, partition)], 2
+
+
+def _writers(suite, partition: str) -> set[str]:
+    """The runs that loaded or last changed the partition's stored rows."""
+    with psycopg.connect(suite.chaos.postgres.dsn(suite.chaos.database)) as db:
+        return {run for row in db.execute(
+            "SELECT DISTINCT loaded_by_run, changed_by_run FROM cbr_daily_rates "
+            "WHERE partition_date = %s", (partition,)) for run in row}
 
 
 def _ended(suite, run_id: str) -> str:
