@@ -14,7 +14,9 @@ its runs are queued or running brings one part down for a random outage:
 * ``broker``: Redis is killed (SIGKILL), then started again on its data. The suite's first
   broker outage, where the range allows, begins while its runs are queued and outlasts Celery's
   own reconnection (:data:`CELERY_GIVES_UP_SECONDS`), so a submission meets Celery giving up;
-* ``daemon``: dagster-daemon is killed (SIGKILL), then started again;
+* ``daemon``: dagster-daemon is killed (SIGKILL), then started again. A run it was launching
+  as it died can stay "starting" with no process: Dagster's run monitoring fails it after
+  ``start_timeout_seconds`` (deploy/dagster.yaml, 300 s), and its one retry must succeed;
 * ``host``: the daemon killed with its code servers and run workers, as a lost host, while a
   step is held on a worker (:mod:`.platform_host`); the dead run must be marked failed while
   that step goes on, and its one retry succeed;
@@ -28,8 +30,8 @@ Scenarios take the kinds in turn, in a seeded order, so a short run has each. A 
 daemon found exited is started again 5 s later, as deploy/systemd does; the summary counts it.
 
 Every fault is one the deployment promises to ride out without an operator, so the judge asks
-for all of it: every run of the scenario succeeded (after a lost host: but a dead run whose one
-retry did), each partition was materialised once, no run
+for all of it: every run of the scenario succeeded (after a lost daemon or host: but a dead run,
+or one that never started, whose one retry did), each partition was materialised once, no run
 is left unfinished, the webserver answers and every daemon is healthy again, every partition
 equals a clean run of the source's current rates, no key is held twice; at the end, every
 backfill is marked completed.
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 from dagster import DagsterEventType, DagsterInstance, RunsFilter
 
 from mostovik_pipelines import definitions
@@ -87,6 +90,10 @@ ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
 RUNS_LIMIT_SECONDS = BACKFILL_LIMIT_SECONDS + 2 * PROCESS_START_MARGIN_SECONDS
+START_TIMEOUT_SECONDS = float(yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())[
+    "run_monitoring"]["start_timeout_seconds"])
+"""How long a launched run may stay "starting" before run monitoring fails it (the deployment's
+setting): after a lost daemon the judge waits this much longer, for such a run and its retry."""
 BOUND_SECONDS = 60.0
 """The outage the deployment promises to ride out: each store's first outage lasts this long
 when the range reaches it (later ones are drawn from the range)."""
@@ -114,6 +121,8 @@ class PlatformTotals:
     failed_runs: int = 0
     """Runs that did not succeed: a fault the deployment should have ridden out."""
     dead_runs_retried: int = 0
+    stuck_launches_retried: int = 0
+    """Runs the daemon was launching as it died, failed by run monitoring's start timeout."""
     """Runs of a lost host marked failed and taken up by their one retry, which succeeded."""
     not_once: int = 0
     """Partitions materialised other than once by their scenario's runs."""
@@ -276,7 +285,7 @@ class PlatformSuite:
 
         problems += self._judge(tag, partitions, expected_runs=None if backfill else len(days),
                                 backfill_id=self.backfills[-1] if backfill else None,
-                                lost_host=kind == HOST)
+                                lost_daemon=kind in (HOST, "daemon"))
         self.totals.scenarios += 1
         self.totals.partitions += len(partitions)
         notes.append(f"{time.monotonic() - started:.0f}s")
@@ -312,21 +321,23 @@ class PlatformSuite:
 
     def _judge(self, tag: dict[str, str], partitions: tuple[str, ...],
                expected_runs: int | None, backfill_id: str | None,
-               lost_host: bool = False) -> list[str]:
-        """What went wrong in the scenario's runs. After a lost host (``lost_host``) a run
-        marked dead is ridden out if the daemon retried it once and the retry succeeded; each
-        partition is then materialised at least once and by no run twice (the dead run may
-        have loaded some before it died, its retry loads them again, idempotently)."""
+               lost_daemon: bool = False) -> list[str]:
+        """What went wrong in the scenario's runs. After a lost daemon or host (``lost_daemon``)
+        a run marked dead, or one that never started (failed by run monitoring's start timeout),
+        is ridden out if the daemon retried it once and the retry succeeded; each partition is
+        then materialised at least once and by no run twice (the dead run may have loaded some
+        before it died, its retry loads them again, idempotently)."""
         problems: list[str] = []
 
         def finished() -> list[RunInfo] | None:
             if backfill_id is not None:
                 self._backfill_not_given_up(backfill_id)
             runs = self._all_finished(tag, partitions, expected_runs)
-            return None if runs and lost_host and _awaiting_retry(runs) else runs
+            return None if runs and lost_daemon and _awaiting_retry(runs) else runs
 
         try:
-            runs = self._wait_for(finished, what="the scenario's runs finished")
+            runs = self._wait_for(finished, what="the scenario's runs finished", limit=(
+                RUNS_LIMIT_SECONDS + (START_TIMEOUT_SECONDS if lost_daemon else 0)))
         except AssertionError as error:
             return [str(error)[:3000]]
         self.totals.runs += len(runs)
@@ -334,9 +345,12 @@ class PlatformSuite:
         succeeded = {run.parent_run_id for run in runs
                      if run.parent_run_id and run.status == "SUCCESS"}
         for run in runs:
-            if (lost_host and run.status == "FAILURE" and retries[run.run_id] == 1
+            if (lost_daemon and run.status == "FAILURE" and retries[run.run_id] == 1
                     and run.run_id in succeeded):
-                self.totals.dead_runs_retried += 1
+                if "to start" in str(self._quietly(self.graphql.run_errors, run.run_id)):
+                    self.totals.stuck_launches_retried += 1
+                else:
+                    self.totals.dead_runs_retried += 1
             elif run.status != "SUCCESS":
                 self.totals.failed_runs += 1
                 problems.append(f"run {run.run_id} {run.status}: "
@@ -344,7 +358,7 @@ class PlatformSuite:
         per_run = self._materialisations(runs)
         counts = sum(per_run.values(), Counter())
         wrong = {p: counts.get(p, 0) for p in partitions if counts.get(p, 0) != 1 and not (
-            lost_host and counts.get(p, 0) >= 1 and all(c[p] <= 1 for c in per_run.values()))}
+            lost_daemon and counts.get(p, 0) >= 1 and all(c[p] <= 1 for c in per_run.values()))}
         if wrong:
             self.totals.not_once += len(wrong)
             problems.append(f"materialised other than once: {wrong}")
@@ -523,7 +537,8 @@ def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:
         f"  webserver or daemon exited, started again by the supervisor: "
         f"{sum(totals.revived.values())} ({_counts(totals.revived)})",
         f"  runs:                 {totals.runs}, of which failed: {totals.failed_runs}; "
-        f"dead after a lost host and retried once to success: {totals.dead_runs_retried}",
+        f"retried once to success after a lost daemon or host: {totals.dead_runs_retried} "
+        f"dead, {totals.stuck_launches_retried} never started",
         f"  partitions not materialised exactly once: {totals.not_once}",
         f"  runs left unfinished: {totals.left_unfinished}",
         f"  differences found:    {totals.differences}",
