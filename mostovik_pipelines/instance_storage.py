@@ -81,7 +81,7 @@ class PooledPostgresStorage(DagsterPostgresStorage):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS),
-                         database_of(kwargs.get("postgres_url") or ""))
+                         storage_outage.database_of(kwargs.get("postgres_url") or ""))
         try:
             outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))
         except Exception as error:
@@ -184,13 +184,6 @@ def _ping_on_checkout(dbapi_connection, connection_record, connection_proxy) -> 
             cursor.execute("SELECT 1")
     except Exception as error:
         raise sqlalchemy.exc.DisconnectionError(str(error)) from error
-
-
-def database_of(url: str) -> str:
-    """The database of a storage URL, as the outage clock names it."""
-    parsed = sqlalchemy.engine.make_url(url) if url else None
-    return storage_outage.database_key(*(
-        (parsed.host, parsed.port, parsed.database) if parsed else (None, None, None)))
 
 
 class _Outage:

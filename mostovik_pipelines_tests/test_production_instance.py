@@ -96,18 +96,9 @@ def test_a_run_storage_restart_under_a_live_run_is_ridden_out_and_lets_no_duplic
     clean load's."""
     run_storage = ThrowawayPostgres().start()
     try:
-        home, environment = production_instance(run_storage, "dagster_restarted", tmp_path)
-        environment |= {
-            "MOSTOVIK_DATABASE_URL": pg_warehouse_url,  # another server: it stays up
-            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-            # The slow source answers when released, after the outage: its fetch must not time
-            # out (30 s by default) and be retried within it.
-            "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(5 * RUN_STORAGE_DOWN_SECONDS),
-            "MOSTOVIK_DATA_DIR": str(tmp_path / "data"),
-        }
-        for name, value in environment.items():
-            monkeypatch.setenv(name, value)
-        env = dict(os.environ)
+        home, env = _slow_source_run_environment(
+            run_storage, "dagster_restarted", pg_warehouse_url, standin_server, tmp_path,
+            monkeypatch, source_timeout_seconds=5 * RUN_STORAGE_DOWN_SECONDS)
         with DagsterInstance.from_config(str(home)) as instance:
             # What the outage handling hooks into: dagster-postgres' private engine, kept.
             for storage in (instance.run_storage, instance.event_log_storage,
@@ -265,18 +256,11 @@ def test_a_run_storage_away_past_the_90_s_budget_under_a_live_run_fails_it_writi
     database is back, a re-run of the partition loads it exactly."""
     run_storage = ThrowawayPostgres().start()
     try:
-        home, environment = production_instance(run_storage, "dagster_past_budget", tmp_path)
-        environment |= {
-            "MOSTOVIK_DATABASE_URL": pg_warehouse_url,  # another server: it stays up
-            "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-            "MOSTOVIK_CBR_TIMEOUT_SECONDS": "300",
-            "MOSTOVIK_DATA_DIR": str(tmp_path / "data"),
-        }
-        for name, value in environment.items():
-            monkeypatch.setenv(name, value)
         for budget in (instance_storage.OUTAGE_ENV, OUTAGE_SETTING):
             monkeypatch.delenv(budget, raising=False)
-        env = dict(os.environ)
+        home, env = _slow_source_run_environment(
+            run_storage, "dagster_past_budget", pg_warehouse_url, standin_server, tmp_path,
+            monkeypatch, source_timeout_seconds=300)
         with DagsterInstance.from_config(str(home)):
             pass  # the instance's tables created, as on a deployed database
         match = "date_req=04/11/2026"
@@ -315,6 +299,25 @@ def test_a_run_storage_away_past_the_90_s_budget_under_a_live_run_fails_it_writi
     rows = [r for r in table_rows(pg_warehouse_url, "cbr_daily_rates")
             if str(r["partition_date"]) == PAST_BUDGET_PARTITION]
     assert len(rows) == 12
+
+
+def _slow_source_run_environment(run_storage: ThrowawayPostgres, database: str,
+                                 warehouse_url: str, standin_server, tmp_path: Path,
+                                 monkeypatch, source_timeout_seconds: float
+                                 ) -> tuple[Path, dict[str, str]]:
+    """A production instance on ``run_storage`` (its own server, so it can go away while the
+    warehouse stays up) and the environment of a run whose source answers only when released
+    after the outage: its fetch must not time out (30 s by default) and be retried within it."""
+    home, environment = production_instance(run_storage, database, tmp_path)
+    environment |= {
+        "MOSTOVIK_DATABASE_URL": warehouse_url,
+        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
+        "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(source_timeout_seconds),
+        "MOSTOVIK_DATA_DIR": str(tmp_path / "data"),
+    }
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    return home, dict(os.environ)
 
 
 def _read_run(instance: DagsterInstance, run_id: str, answer: dict) -> None:

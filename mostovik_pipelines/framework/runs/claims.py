@@ -213,7 +213,7 @@ class _ClaimKeeper:
 
     def __init__(self, dsn: str, run_id: str, settings: dict[str, str]) -> None:
         self._dsn = dsn
-        self._database = _database_of(dsn)
+        self._database = storage_outage.database_of(dsn)
         self._run_id = run_id
         self._key = _lock_key(run_id)
         self._released = threading.Event()
@@ -422,14 +422,6 @@ def _lock_key(run_id: str) -> int:
     the warehouse's partitions."""
     return int.from_bytes(hashlib.sha256(f"mostovik run {run_id}".encode()).digest()[:8],
                           "big", signed=True)
-
-
-def _database_of(dsn: str) -> str:
-    """The claim's database, as the outage clock names it (the run storage's)."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(dsn)
-    return storage_outage.database_key(url.host, url.port, url.database)
 
 
 def _postgres_dsn(instance: DagsterInstance) -> str | None:

@@ -23,6 +23,16 @@ def database_key(host: str | None, port: int | str | None, database: str | None)
     return f"{host or ''}:{port or 5432}/{database or ''}"
 
 
+def database_of(url: str) -> str:
+    """The database of a storage URL or libpq DSN (``postgresql+psycopg2://...`` or
+    ``postgresql://...``), as the clock names it."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url) if url else None
+    return database_key(*((parsed.host, parsed.port, parsed.database) if parsed
+                          else (None, None, None)))
+
+
 def answered(database: str) -> None:
     """The database answered: its outage, if any, is over."""
     with _guard:
