@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from mostovik_pipelines_tests.chaos.platform import KINDS, run_platform_chaos
+from mostovik_pipelines_tests.chaos.platform import KINDS, LONG_KINDS, run_platform_chaos
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.disk import why_no_small_disk
 
@@ -24,10 +24,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 def test_each_part_we_stand_on_restarted_under_live_runs_is_ridden_out_to_exact_data(
     postgres, standin_server
 ):
+    # The run storage away past the budget (over 90 s) is make chaos's; make test has it on
+    # `dagster job execute` (test_production_instance.py).
     kinds = [kind for kind in KINDS if (kind != "disk_full" or why_no_small_disk() is None)
-             and (kind != "claim_cut" or os.geteuid() == 0)]
+             and (kind != "claim_cut" or os.geteuid() == 0) and kind not in LONG_KINDS]
     totals = run_platform_chaos(postgres, standin_server, SEED, len(kinds),
-                                outage_seconds=OUTAGE_SECONDS, template=TEMPLATE_DB)
+                                outage_seconds=OUTAGE_SECONDS, template=TEMPLATE_DB,
+                                long_faults=False)
     assert totals.scenarios == len(kinds)
     assert set(totals.faults) == set(kinds), totals.faults
     if "disk_full" in kinds:

@@ -14,7 +14,8 @@ Starts its own PostgreSQL and stand-in and runs every kind of job through the on
   bad rows, replays;
 * ``platform``: the faults of the parts we stand on under the production deployment
   (:mod:`.platform`): the warehouse, run storage and broker each away 60 s once, then for
-  random outages, the daemon killed, the landing disk full;
+  random outages, the daemon killed, the host lost, the landing disk full, a run's claim cut
+  off, a wrong setting, and the run storage away past the budget (110 s);
 * ``calendar``: simulated days of every scheduled source on a fake clock
   (:mod:`.calendar_scenarios`).
 

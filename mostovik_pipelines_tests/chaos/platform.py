@@ -22,6 +22,9 @@ its runs are queued or running brings one part down for a random outage:
   that step goes on, and its one retry succeed;
 * ``disk_full``: the landing store's disk is full from before the launch until a run's first
   write to it has failed, then freed (only as root, which can mount a small disk);
+* ``run_storage_past_budget``: the run storage away longer than a run rides out, under a run's
+  step let go from its fetch (:mod:`.platform_budget`, ``make chaos`` only): the run gives up
+  naming the setting, is marked dead once the database is back, and its one retry succeeds;
 * ``claim_cut`` and ``wrong_setting``: one ``dagster job execute`` run's claim connection cut
   while a second run of its partition starts (only as root, for ``ss -K``), or a run started
   with a wrong run storage setting (:mod:`.platform_claims`, which judges them).
@@ -54,6 +57,13 @@ from dagster import DagsterEventType, DagsterInstance, RunsFilter
 from mostovik_pipelines import definitions
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
+from mostovik_pipelines_tests.chaos.platform_budget import (
+    PAST_BUDGET,
+    gave_up_problems,
+    log_sizes,
+    past_budget_outage_seconds,
+    storage_away_past_budget,
+)
 from mostovik_pipelines_tests.chaos.platform_claims import CLAIM_KINDS, SCENARIO_TAG, claim_scenario
 from mostovik_pipelines_tests.chaos.platform_host import HELD_SECONDS, HOST, hold_fetch, lose_host
 from mostovik_pipelines_tests.chaos.scenarios import (
@@ -85,7 +95,11 @@ from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
 from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS, DagsterServices
 
-KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, "disk_full", *CLAIM_KINDS)
+KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, "disk_full", *CLAIM_KINDS,
+         PAST_BUDGET)
+LONG_KINDS = (PAST_BUDGET,)
+"""Kinds whose fault outlasts the outage budget (over a minute and a half): ``make chaos``'s,
+not ``make test``'s fixed-seed run."""
 ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
@@ -121,9 +135,10 @@ class PlatformTotals:
     failed_runs: int = 0
     """Runs that did not succeed: a fault the deployment should have ridden out."""
     dead_runs_retried: int = 0
+    """Runs of a lost host, or that gave up past the run storage's budget, marked failed and
+    taken up by their one retry, which succeeded."""
     stuck_launches_retried: int = 0
     """Runs the daemon was launching as it died, failed by run monitoring's start timeout."""
-    """Runs of a lost host marked failed and taken up by their one retry, which succeeded."""
     not_once: int = 0
     """Partitions materialised other than once by their scenario's runs."""
     left_unfinished: int = 0
@@ -210,8 +225,11 @@ class PlatformEnvironment:
 
 class PlatformSuite:
     def __init__(self, platform: PlatformEnvironment, seed: int,
-                 outage_seconds: tuple[float, float] = OUTAGE_SECONDS, log=print) -> None:
+                 outage_seconds: tuple[float, float] = OUTAGE_SECONDS, log=print,
+                 long_faults: bool = True) -> None:
         self.platform = platform
+        self.kinds = tuple(kind for kind in platform.kinds
+                           if long_faults or kind not in LONG_KINDS)
         self.chaos = platform.chaos
         self.seed = seed
         self.outage_seconds = outage_seconds
@@ -227,7 +245,7 @@ class PlatformSuite:
         for number in range(1, scenarios + 1):
             if not kinds:
                 kinds = random.Random(f"{self.seed}:kinds:{number}").sample(
-                    self.platform.kinds, len(self.platform.kinds))
+                    self.kinds, len(self.kinds))
             self.scenario(number, kinds.pop(0))
         self._check_backfills_completed()
         return self.totals
@@ -248,8 +266,10 @@ class PlatformSuite:
             self.chaos.standin.change_cbr_rates(day, set_values={
                 code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
         outage = rng.uniform(*self.outage_seconds)
-        point = ("before" if kind == "disk_full" else "fetching" if kind == HOST
+        point = ("before" if kind == "disk_full" else "fetching" if kind in (HOST, PAST_BUDGET)
                  else rng.choice(("queued", "running")))
+        if kind == PAST_BUDGET:
+            outage = past_budget_outage_seconds()
         if (kind == "broker" and not self.totals.faults[kind]
                 and self.outage_seconds[1] > CELERY_GIVES_UP_SECONDS):
             outage = rng.uniform(CELERY_GIVES_UP_SECONDS, self.outage_seconds[1])
@@ -264,7 +284,8 @@ class PlatformSuite:
         tag = {SCENARIO_TAG: f"{self.seed}:{number}"}
         if kind == "disk_full":
             fill(self.platform.disk)
-        held = hold_fetch(self, partitions) if kind == HOST else None
+        held = hold_fetch(self, partitions) if kind in (HOST, PAST_BUDGET) else None
+        dead_before, logs_before = self.totals.dead_runs_retried, log_sizes(self)
         if backfill:
             self.backfills.append(self.graphql.launch_partition_backfill([ASSET], partitions,
                                                                          tags=tag))
@@ -275,7 +296,8 @@ class PlatformSuite:
         if point == "running":
             self._wait_for(lambda: self.runs_tagged(tag, started=True), what="a started run")
             time.sleep(rng.uniform(0, 3))
-        problems = (lose_host(self, outage, tag, held) if held is not None
+        problems = (lose_host(self, outage, tag, held) if kind == HOST
+                    else storage_away_past_budget(self, tag, held) if kind == PAST_BUDGET
                     else self._inject(kind, outage, tag))
         self.totals.faults[kind] += 1
         self.totals.points[point] += 1
@@ -285,7 +307,9 @@ class PlatformSuite:
 
         problems += self._judge(tag, partitions, expected_runs=None if backfill else len(days),
                                 backfill_id=self.backfills[-1] if backfill else None,
-                                lost_daemon=kind in (HOST, "daemon"))
+                                runs_may_die=kind in (HOST, "daemon", PAST_BUDGET))
+        if kind == PAST_BUDGET:
+            problems += gave_up_problems(self, dead_before, logs_before)
         self.totals.scenarios += 1
         self.totals.partitions += len(partitions)
         notes.append(f"{time.monotonic() - started:.0f}s")
@@ -321,10 +345,11 @@ class PlatformSuite:
 
     def _judge(self, tag: dict[str, str], partitions: tuple[str, ...],
                expected_runs: int | None, backfill_id: str | None,
-               lost_daemon: bool = False) -> list[str]:
-        """What went wrong in the scenario's runs. After a lost daemon or host (``lost_daemon``)
-        a run marked dead, or one that never started (failed by run monitoring's start timeout),
-        is ridden out if the daemon retried it once and the retry succeeded; each partition is
+               runs_may_die: bool = False) -> list[str]:
+        """What went wrong in the scenario's runs. After a lost daemon or host, or the run
+        storage away past the budget (``runs_may_die``), a run marked dead, or one that never
+        started (failed by run monitoring's start timeout), is ridden out if the daemon retried
+        it once and the retry succeeded; each partition is
         then materialised at least once and by no run twice (the dead run may have loaded some
         before it died, its retry loads them again, idempotently)."""
         problems: list[str] = []
@@ -333,11 +358,11 @@ class PlatformSuite:
             if backfill_id is not None:
                 self._backfill_not_given_up(backfill_id)
             runs = self._all_finished(tag, partitions, expected_runs)
-            return None if runs and lost_daemon and _awaiting_retry(runs) else runs
+            return None if runs and runs_may_die and _awaiting_retry(runs) else runs
 
         try:
             runs = self._wait_for(finished, what="the scenario's runs finished", limit=(
-                RUNS_LIMIT_SECONDS + (START_TIMEOUT_SECONDS if lost_daemon else 0)))
+                RUNS_LIMIT_SECONDS + (START_TIMEOUT_SECONDS if runs_may_die else 0)))
         except AssertionError as error:
             return [str(error)[:3000]]
         self.totals.runs += len(runs)
@@ -345,7 +370,7 @@ class PlatformSuite:
         succeeded = {run.parent_run_id for run in runs
                      if run.parent_run_id and run.status == "SUCCESS"}
         for run in runs:
-            if (lost_daemon and run.status == "FAILURE" and retries[run.run_id] == 1
+            if (runs_may_die and run.status == "FAILURE" and retries[run.run_id] == 1
                     and run.run_id in succeeded):
                 if "to start" in str(self._quietly(self.graphql.run_errors, run.run_id)):
                     self.totals.stuck_launches_retried += 1
@@ -358,7 +383,7 @@ class PlatformSuite:
         per_run = self._materialisations(runs)
         counts = sum(per_run.values(), Counter())
         wrong = {p: counts.get(p, 0) for p in partitions if counts.get(p, 0) != 1 and not (
-            lost_daemon and counts.get(p, 0) >= 1 and all(c[p] <= 1 for c in per_run.values()))}
+            runs_may_die and counts.get(p, 0) >= 1 and all(c[p] <= 1 for c in per_run.values()))}
         if wrong:
             self.totals.not_once += len(wrong)
             problems.append(f"materialised other than once: {wrong}")
@@ -480,9 +505,9 @@ def _partitions_of(run: RunInfo) -> tuple[str, ...]:
 def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed: int,
                        scenarios: int, outage_seconds: tuple[float, float] = OUTAGE_SECONDS,
                        template: str | None = None, log=print,
-                       tally: Tally | None = None) -> PlatformTotals:
+                       tally: Tally | None = None, long_faults: bool = True) -> PlatformTotals:
     """Start the deployment, run ``scenarios`` scenarios, print the summary (and, per scenario
-    and fault, ``tally`` them)."""
+    and fault, ``tally`` them); without ``long_faults``, none of :data:`LONG_KINDS`."""
     started = time.monotonic()
     chaos = ChaosEnvironment(postgres=postgres, standin_server=standin_server, template=template)
     try:
@@ -492,7 +517,8 @@ def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed:
                 f"{time.monotonic() - started:.0f} s"
                 + (f" (no full-disk faults: {platform.disk_refused})"
                    if platform.disk_refused else ""))
-            suite = PlatformSuite(platform, seed, outage_seconds, log=log)
+            suite = PlatformSuite(platform, seed, outage_seconds, log=log,
+                                  long_faults=long_faults)
             if tally is not None:
                 tallied(suite, "platform", tally, platform_faults, platform_findings)
             totals = suite.run(scenarios)
@@ -537,7 +563,8 @@ def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:
         f"  webserver or daemon exited, started again by the supervisor: "
         f"{sum(totals.revived.values())} ({_counts(totals.revived)})",
         f"  runs:                 {totals.runs}, of which failed: {totals.failed_runs}; "
-        f"retried once to success after a lost daemon or host: {totals.dead_runs_retried} "
+        f"retried once to success after a lost daemon or host or the run storage away past "
+        f"the budget: {totals.dead_runs_retried} "
         f"dead, {totals.stuck_launches_retried} never started",
         f"  partitions not materialised exactly once: {totals.not_once}",
         f"  runs left unfinished: {totals.left_unfinished}",
