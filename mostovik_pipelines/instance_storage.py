@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -56,8 +55,8 @@ POOL_RECYCLE_SECONDS = 3600
 """A kept connection is replaced after an hour (as the webserver's default)."""
 MAX_OVERFLOW = 10
 """Connections beyond the kept one while storage calls overlap (daemon threads, a webserver)."""
-OUTAGE_ENV = "MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS"
-DEFAULT_OUTAGE_SECONDS = 90.0
+OUTAGE_ENV = storage_outage.BUDGET_ENV
+DEFAULT_OUTAGE_SECONDS = storage_outage.DEFAULT_BUDGET_SECONDS
 AWAY = ("connection refused", "could not connect", "starting up", "shutting down",
         "server closed the connection", "connection to server", "timeout expired",
         "terminating connection")
@@ -80,7 +79,7 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     connection each."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        outage = _Outage(float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS),
+        outage = _Outage(storage_outage.budget_seconds(),
                          storage_outage.database_of(kwargs.get("postgres_url") or ""))
         try:
             outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))

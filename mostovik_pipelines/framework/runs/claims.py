@@ -27,8 +27,8 @@ its partitions taken over. So before each of its writes (the load's transaction,
 store, the op outputs) a run calls :func:`ensure_run_claim`: its claim's connection must answer;
 a dropped one is taken again within :data:`FENCE_GRACE_SECONDS` of when it last answered (or,
 after a database restart, within the restart grace; a database nobody reaches is waited for as
-long as a step rides out an outage), else the write fails with :class:`.errors.RunClaimLost`
-and the run writes nothing more. The other side of it: a check
+long as the run's storage calls ride it out), else the write fails with
+:class:`.errors.RunClaimLost` and the run writes nothing more. The other side of it: a check
 counts a run that held its claim dead only once the claim stays free for
 :data:`CLAIM_GONE_SECONDS` (:func:`run_claim_gone`), longer than that grace. A first take that
 the database refuses for a reason waiting cannot cure (authentication, a missing database, too
@@ -68,7 +68,6 @@ from mostovik_pipelines.framework.errors import (
     Verdict,
     classify,
 )
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING, RetryPolicy
 
 KEEPALIVE_SETTINGS = ("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
                       "SET tcp_keepalives_count = 3")
@@ -145,7 +144,7 @@ def ensure_run_claim(run_id: str) -> None:
     """The fence, called before every write of a run (the load's transaction before it commits,
     the landing store, the op outputs): return if this process holds the run's claim, or took it
     again within :data:`FENCE_GRACE_SECONDS` of losing it (or within the restart grace of a
-    database that restarted; while it cannot be reached, waiting up to the step's outage
+    database that restarted; while it cannot be reached, waiting up to the run storage's outage
     budget); else raise :class:`RunClaimLost`. A process that holds no claim for the run (a
     direct call outside a run) is not fenced; a claim file (SQLite) is never lost while its
     process lives."""
@@ -316,20 +315,21 @@ class _ClaimKeeper:
         """Return if the claim is held, or taken again in time; else raise
         :class:`RunClaimLost`: this process must not write for the run any more.
 
-        A claim that cannot be taken again now is waited for as long as a step rides out the
-        database being away (``MOSTOVIK_STEP_OUTAGE_SECONDS``): nobody can count the run dead
-        while nobody reaches the database. Once taken again, :meth:`_take` decides: within the
-        grace of the loss, or of a restart of the database, the run goes on; else it is fenced
-        (others reached the database meanwhile)."""
+        A claim that cannot be taken again now is waited for as long as the run's storage calls
+        ride its database out (``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS``): nobody can count the
+        run dead while nobody reaches the database. Once taken again, :meth:`_take` decides:
+        within the grace of the loss, or of a restart of the database, the run goes on; else it
+        is fenced (others reached the database meanwhile)."""
         with self._guard:
             if self._fenced is None and not self._verify():
-                budget = max(FENCE_GRACE_SECONDS, RetryPolicy().outage_seconds)
+                budget = max(FENCE_GRACE_SECONDS, storage_outage.budget_seconds())
                 while self._fenced is None and self._connection is None:
                     left = budget - (time.monotonic() - self._lost_since)
                     if left <= 0:
                         self._fenced = (
                             f"run {self._run_id} lost its claim and could not take it again "
-                            f"within {budget:.0f} s ({OUTAGE_SETTING}): the run storage "
+                            f"within {budget:.0f} s ({storage_outage.BUDGET_ENV}): the run "
+                            "storage "
                             "database cannot be reached from here, and another run may take "
                             "over its partitions")
                         break

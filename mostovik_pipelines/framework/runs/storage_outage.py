@@ -11,8 +11,19 @@ failed its step, and then waited a second budget storing that failure: the proce
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+
+BUDGET_ENV = "MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS"
+DEFAULT_BUDGET_SECONDS = 90.0
+
+
+def budget_seconds() -> float:
+    """How long one outage of the run storage database is ridden out, by its storage calls and
+    by the run's claim alike (the claim lives in that database): past it the run gives up."""
+    return float(os.environ.get(BUDGET_ENV) or DEFAULT_BUDGET_SECONDS)
+
 
 _guard = threading.Lock()
 _away_since: dict[str, float] = {}

@@ -28,6 +28,7 @@ from mostovik_pipelines.framework.runs.claims import (
     run_claim_gone,
     run_claim_held,
 )
+from mostovik_pipelines.instance_storage import OUTAGE_ENV
 from mostovik_pipelines.resources.landing import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.resources.warehouse import warehouse_engine
@@ -86,8 +87,8 @@ def test_a_run_cut_off_from_its_claim_writes_nothing_once_another_run_took_over(
     run_storage, pg_warehouse_url, tmp_path, monkeypatch
 ):
     cut_off, others, link = run_storage
-    # How long a write waits for a claim it cannot take again (the step's outage budget).
-    monkeypatch.setenv(OUTAGE_SETTING, "15")
+    # How long a write waits for a claim it cannot take again (the run storage's budget).
+    monkeypatch.setenv(OUTAGE_ENV, "15")
     landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
     outputs = OpOutputStore(base_dir=str(tmp_path / "storage")).create_io_manager(
         build_init_resource_context())
@@ -155,6 +156,36 @@ def test_a_run_storage_restart_longer_than_the_grace_is_ridden_out(tmp_path, mon
     server = ThrowawayPostgres().start()
     try:
         home, environment = production_instance(server, "dagster_fence", tmp_path)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
+        with DagsterInstance.from_config(str(home)) as instance, hold_run_claim(instance, "run-1"):
+            server.pause()
+            down_at = time.monotonic()
+            back = threading.Timer(FENCE_GRACE_SECONDS + 4, server.resume)
+            back.start()
+            landing.land("cbr_daily_rates", DAY.isoformat(), b"90", content_type="text/plain",
+                         origin="test", fetched_at=datetime.now(UTC), run_id="run-1")
+            assert time.monotonic() - down_at > FENCE_GRACE_SECONDS  # it waited, then wrote
+            back.join()
+            assert run_claim_held(instance, "run-1")
+        assert len(list((tmp_path / "landing").rglob("fetches/*.json"))) == 1
+    finally:
+        server.stop()
+
+
+def test_a_write_waits_for_its_claim_as_long_as_the_run_storage_budget_not_a_steps(
+    tmp_path, monkeypatch
+):
+    """The claim lives in the run storage: a write waits for it as long as every storage call
+    of the run rides the database out (``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS``), whatever the
+    step's budget for the warehouse and the broker says. An operator who raised the run
+    storage's budget for a longer failover found runs fenced at the step's 90 s instead."""
+    monkeypatch.setenv(OUTAGE_SETTING, "1")  # the step's budget: far shorter than the outage
+    monkeypatch.delenv(OUTAGE_ENV, raising=False)  # the run storage's: its 90 s default
+    server = ThrowawayPostgres().start()
+    try:
+        home, environment = production_instance(server, "dagster_fence_budget", tmp_path)
         for name, value in environment.items():
             monkeypatch.setenv(name, value)
         landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
