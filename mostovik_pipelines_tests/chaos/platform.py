@@ -42,19 +42,16 @@ backfill is marked completed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import yaml
-from dagster import DagsterEventType, DagsterInstance, RunsFilter
+from dagster import DagsterEventType, RunsFilter
 
-from mostovik_pipelines import definitions
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
 from mostovik_pipelines_tests.chaos.platform_budget import (
@@ -65,7 +62,14 @@ from mostovik_pipelines_tests.chaos.platform_budget import (
     storage_away_past_budget,
 )
 from mostovik_pipelines_tests.chaos.platform_claims import CLAIM_KINDS, SCENARIO_TAG, claim_scenario
-from mostovik_pipelines_tests.chaos.platform_host import HELD_SECONDS, HOST, hold_fetch, lose_host
+from mostovik_pipelines_tests.chaos.platform_deployment import PlatformEnvironment
+from mostovik_pipelines_tests.chaos.platform_host import HOST, hold_fetch, lose_host
+from mostovik_pipelines_tests.chaos.platform_totals import (
+    PlatformTotals,
+    platform_faults,
+    platform_findings,
+    platform_summary,
+)
 from mostovik_pipelines_tests.chaos.scenarios import (
     CODES,
     ChaosSuite,
@@ -73,14 +77,10 @@ from mostovik_pipelines_tests.chaos.scenarios import (
     partition_pool,
     random_rate,
 )
-from mostovik_pipelines_tests.chaos.tally import Tally, named, tallied
-from mostovik_pipelines_tests.support.celery_workers import CeleryWorker
+from mostovik_pipelines_tests.chaos.tally import Tally, tallied
 from mostovik_pipelines_tests.support.disk import (
     fill,
     free,
-    mount_small_disk,
-    unmount_small_disk,
-    why_no_small_disk,
 )
 from mostovik_pipelines_tests.support.graphql import (
     BACKFILL_LIMIT_SECONDS,
@@ -89,11 +89,9 @@ from mostovik_pipelines_tests.support.graphql import (
     GraphQLError,
     RunInfo,
 )
-from mostovik_pipelines_tests.support.instances import production_instance
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
-from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
-from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS, DagsterServices
+from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS
 
 KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, "disk_full", *CLAIM_KINDS,
          PAST_BUDGET)
@@ -117,110 +115,6 @@ CELERY_GIVES_UP_SECONDS = 25.0
 """Past this, a step submitted while Redis is away meets Celery's result consumer giving up its
 reconnection (20 retries about a second apart, from a run process started a few seconds into
 the outage)."""
-"""A scenario's runs: launched by the backfill daemon or the queue, their steps on Celery, a
-part away for the outage on top."""
-
-
-@dataclass
-class PlatformTotals:
-    scenarios: int = 0
-    faults: Counter = field(default_factory=Counter)
-    """Faults per kind."""
-    longest_outage: dict[str, float] = field(default_factory=dict)
-    points: Counter = field(default_factory=Counter)
-    """Where the faults began: ``queued`` (right after the launch), ``running`` (a run had
-    started), ``before`` (a full disk, before the launch)."""
-    launches: Counter = field(default_factory=Counter)
-    runs: int = 0
-    failed_runs: int = 0
-    """Runs that did not succeed: a fault the deployment should have ridden out."""
-    dead_runs_retried: int = 0
-    """Runs of a lost host, or that gave up past the run storage's budget, marked failed and
-    taken up by their one retry, which succeeded."""
-    stuck_launches_retried: int = 0
-    """Runs the daemon was launching as it died, failed by run monitoring's start timeout."""
-    not_once: int = 0
-    """Partitions materialised other than once by their scenario's runs."""
-    left_unfinished: int = 0
-    revived: Counter = field(default_factory=Counter)
-    """The webserver or the daemon found exited and started again, as systemd does."""
-    disk_full_hits: int = 0
-    """Full-disk faults a run's write met (a retried extract)."""
-    partitions: int = 0
-    differences: int = 0
-    duplicates: int = 0
-    failures: list[str] = field(default_factory=list)
-
-
-class PlatformEnvironment:
-    """The production deployment over a chaos environment's warehouse and stand-in."""
-
-    def __init__(self, chaos: ChaosEnvironment) -> None:
-        self.chaos = chaos
-        self.root = chaos.root / "platform"
-        self.root.mkdir()
-        self.run_storage = ThrowawayPostgres().start()
-        self.redis = ThrowawayRedis(persistent=True).start()
-        self.disk: Path | None = None
-        self.disk_refused = why_no_small_disk()
-        landing = self.root / "landing"
-        if self.disk_refused is None:
-            try:
-                mount_small_disk(self.root / "landing_disk", size="4m")
-                self.disk = self.root / "landing_disk"
-                landing = self.disk / "landing"
-                landing.mkdir()
-            except OSError as error:
-                self.disk_refused = str(error)
-        self.home, instance_environment = production_instance(
-            self.run_storage, "dagster_platform", self.root)
-        self.environment = {
-            **instance_environment,
-            "MOSTOVIK_EXECUTOR": "celery",
-            "MOSTOVIK_CELERY_BROKER_URL": self.redis.url(0),
-            "MOSTOVIK_CELERY_BACKEND_URL": self.redis.url(1),
-            "MOSTOVIK_DATABASE_URL": chaos.url,
-            "MOSTOVIK_CBR_URL": chaos.standin_server.cbr_url,
-            # A fetch held at the stand-in (the lost host's, the cut claim's) stays held until
-            # the scenario lets it go, not until the client's own 30 s.
-            "MOSTOVIK_CBR_TIMEOUT_SECONDS": str(HELD_SECONDS),
-            "MOSTOVIK_DATA_DIR": str(self.root / "data"),
-            "MOSTOVIK_STORAGE_DIR": str(self.root / "shared" / "storage"),
-            "MOSTOVIK_LANDING_DIR": str(landing),
-            "PYTHONPATH": str(REPO),
-        }
-        self.workers = [CeleryWorker(name, self.root / f"{name}.log")
-                        for name in ("worker-a", "worker-b")]
-        self.services = DagsterServices(
-            self.root, self.home, self.environment,
-            stopped_schedules=[schedule.name for schedule in definitions.defs.schedules or ()])
-        try:
-            for worker in self.workers:
-                worker.start(self.environment, cwd=self.root)
-            for worker in self.workers:
-                worker.wait_ready()
-            self.services.start()
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return tuple(kind for kind in KINDS if (kind != "disk_full" or self.disk is not None)
-                     and (kind != "claim_cut" or os.geteuid() == 0))  # ss -K needs root
-
-    def instance(self) -> contextlib.AbstractContextManager[DagsterInstance]:
-        return self.services.instance()
-
-    def close(self) -> None:
-        self.services.stop()
-        for worker in self.workers:
-            with contextlib.suppress(Exception):
-                worker.stop()
-        self.redis.stop()
-        self.run_storage.stop()
-        if self.disk is not None:
-            unmount_small_disk(self.disk)
 
 
 class PlatformSuite:
@@ -228,8 +122,10 @@ class PlatformSuite:
                  outage_seconds: tuple[float, float] = OUTAGE_SECONDS, log=print,
                  long_faults: bool = True) -> None:
         self.platform = platform
-        self.kinds = tuple(kind for kind in platform.kinds
-                           if long_faults or kind not in LONG_KINDS)
+        self.kinds = tuple(
+            kind for kind in KINDS if (kind != "disk_full" or platform.disk is not None)
+            and (kind != "claim_cut" or os.geteuid() == 0)  # ss -K needs root
+            and (long_faults or kind not in LONG_KINDS))
         self.chaos = platform.chaos
         self.seed = seed
         self.outage_seconds = outage_seconds
@@ -534,48 +430,3 @@ def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed:
         chaos.close()
     log(platform_summary(totals, seed, time.monotonic() - started))
     return totals
-
-
-def platform_faults(totals: PlatformTotals) -> Counter:
-    """What a platform scenario met: the part brought down."""
-    return named("down:", totals.faults)
-
-
-def platform_findings(totals: PlatformTotals) -> dict[str, int]:
-    """A failed run or a partition not materialised once is a fault not ridden out."""
-    return {"differences": totals.differences, "duplicates": totals.duplicates,
-            "unsettled": totals.failed_runs + totals.not_once, "stuck": totals.left_unfinished}
-
-
-def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:
-    outages = ", ".join(
-        f"{kind} {n}" + (f" (longest {totals.longest_outage[kind]:.0f} s)"
-                         if kind in totals.longest_outage else "")
-        for kind, n in sorted(totals.faults.items()))
-    return "\n".join([
-        "",
-        "platform chaos summary",
-        f"  scenarios run:        {totals.scenarios} ({_counts(totals.launches)}), "
-        f"{totals.partitions} partitions",
-        f"  faults per kind:      {outages}",
-        f"  where they began:     {_counts(totals.points)}",
-        f"  full disks met by a write (an extract retried): {totals.disk_full_hits}",
-        f"  webserver or daemon exited, started again by the supervisor: "
-        f"{sum(totals.revived.values())} ({_counts(totals.revived)})",
-        f"  runs:                 {totals.runs}, of which failed: {totals.failed_runs}; "
-        f"retried once to success after a lost daemon or host or the run storage away past "
-        f"the budget: {totals.dead_runs_retried} "
-        f"dead, {totals.stuck_launches_retried} never started",
-        f"  partitions not materialised exactly once: {totals.not_once}",
-        f"  runs left unfinished: {totals.left_unfinished}",
-        f"  differences found:    {totals.differences}",
-        f"  duplicates found:     {totals.duplicates}",
-        f"  failures:             {len(totals.failures)}",
-        f"  wall time:            {seconds:.0f} s",
-        f"  seed:                 {seed}",
-    ])
-
-
-def _counts(counter: Counter) -> str:
-    return ", ".join(f"{key} {n}" for key, n in sorted(counter.items())) or "none"
-
