@@ -153,25 +153,7 @@ def test_a_dropped_claim_connection_is_taken_again_and_no_other_run_acts_meanwhi
 def test_a_run_storage_restart_longer_than_the_grace_is_ridden_out(tmp_path, monkeypatch):
     """The database away for everyone (a restart, a failover) is no cut: nobody can count the
     run dead meanwhile, so a write waits for the claim and goes on once it is taken again."""
-    server = ThrowawayPostgres().start()
-    try:
-        home, environment = production_instance(server, "dagster_fence", tmp_path)
-        for name, value in environment.items():
-            monkeypatch.setenv(name, value)
-        landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
-        with DagsterInstance.from_config(str(home)) as instance, hold_run_claim(instance, "run-1"):
-            server.pause()
-            down_at = time.monotonic()
-            back = threading.Timer(FENCE_GRACE_SECONDS + 4, server.resume)
-            back.start()
-            landing.land("cbr_daily_rates", DAY.isoformat(), b"90", content_type="text/plain",
-                         origin="test", fetched_at=datetime.now(UTC), run_id="run-1")
-            assert time.monotonic() - down_at > FENCE_GRACE_SECONDS  # it waited, then wrote
-            back.join()
-            assert run_claim_held(instance, "run-1")
-        assert len(list((tmp_path / "landing").rglob("fetches/*.json"))) == 1
-    finally:
-        server.stop()
+    _write_through_a_restart(tmp_path, monkeypatch, "dagster_fence")
 
 
 def test_a_write_waits_for_its_claim_as_long_as_the_run_storage_budget_not_a_steps(
@@ -183,9 +165,16 @@ def test_a_write_waits_for_its_claim_as_long_as_the_run_storage_budget_not_a_ste
     storage's budget for a longer failover found runs fenced at the step's 90 s instead."""
     monkeypatch.setenv(OUTAGE_SETTING, "1")  # the step's budget: far shorter than the outage
     monkeypatch.delenv(OUTAGE_ENV, raising=False)  # the run storage's: its 90 s default
+    _write_through_a_restart(tmp_path, monkeypatch, "dagster_fence_budget")
+
+
+def _write_through_a_restart(tmp_path, monkeypatch, database: str) -> None:
+    """A run holding its claim on a production instance of its own whose PostgreSQL restarts
+    for longer than the fence's grace: its landing write waits for the claim, then writes, and
+    the claim is held again. The restart's length is the fault's own, not a wait."""
     server = ThrowawayPostgres().start()
     try:
-        home, environment = production_instance(server, "dagster_fence_budget", tmp_path)
+        home, environment = production_instance(server, database, tmp_path)
         for name, value in environment.items():
             monkeypatch.setenv(name, value)
         landing = LandingStoreResource(base_dir=str(tmp_path / "landing"))
