@@ -46,12 +46,8 @@ from mostovik_pipelines.framework.runs.recovery import (
     PROCESS_TAG_PREFIXES,
     rerun_from_failure,
 )
-from mostovik_pipelines.framework.runs.tags import (
-    PARTITION_TAG,
-    RANGE_END_TAG,
-    RANGE_START_TAG,
-    STATUS_TAG,
-)
+from mostovik_pipelines.framework.runs.status import STATUS_TAG
+from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates

@@ -61,8 +61,9 @@ from mostovik_pipelines.framework.quality.shape import (
     OUTCOME_KEY,
     SHAPE_KEY,
 )
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG, STATUS_TAG
-from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
+from mostovik_pipelines.framework.runs.status import JobStatus, record_failed
+from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
 from mostovik_pipelines.settings import setting
@@ -100,9 +101,7 @@ def _cancelled_runs_status() -> SensorDefinition:
         monitor_all_code_locations=False,
     )
     def cancelled_runs_status(context: RunStatusSensorContext) -> None:
-        run = context.dagster_run
-        if run.tags.get(STATUS_TAG) not in (None, JobStatus.FAILED.value):
-            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+        record_failed(context.instance, context.dagster_run)
 
     return cancelled_runs_status
 
@@ -119,8 +118,7 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def run_failure_alerts(context: RunFailureSensorContext,
                            alert_notifier: AlertNotifierResource) -> None:
         run = context.dagster_run
-        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
-            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+        record_failed(context.instance, run)
         if run.tags.get(WILL_RETRY_TAG) == "true":
             # The daemon runs it again (a lost worker): the job has not failed yet. Its retry,
             # a run of its own, alerts if it fails too.

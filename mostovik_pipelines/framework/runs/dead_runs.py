@@ -44,8 +44,7 @@ from dagster import (
 
 from mostovik_pipelines.framework.dagster_compat import run_failed_unexpectedly
 from mostovik_pipelines.framework.runs.alerts import run_failure_alert
-from mostovik_pipelines.framework.runs.tags import STATUS_TAG
-from mostovik_pipelines.framework.runs.tracking import JobStatus
+from mostovik_pipelines.framework.runs.status import record_failed
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources.notifier import AlertNotifierResource
 from mostovik_pipelines.settings import setting
@@ -120,7 +119,7 @@ def mark_dead(instance: DagsterInstance, record: RunRecord, free_since: float) -
     run = record.dagster_run
     if run.remote_job_origin is None:
         instance.add_run_tags(run.run_id, {MAX_RETRIES_TAG: "0"})
-    instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+    record_failed(instance, run)
     gone_for = time.time() - free_since
     message = (
         "The run's process is gone: no live process has held the run's claim as the process "

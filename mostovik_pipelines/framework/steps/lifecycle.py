@@ -21,18 +21,13 @@ from mostovik_pipelines.framework.retries import (
 )
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
-from mostovik_pipelines.framework.runs.tags import (
-    ERROR_CLASS_KEY,
-    PERMANENT,
-    STATUS_TAG,
-    business_tags,
-)
+from mostovik_pipelines.framework.runs.status import record_failed, record_running
+from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY, PERMANENT, business_tags
 from mostovik_pipelines.framework.runs.tracking import (
     STEP_CELERY_TASK,
     STEP_EXECUTOR,
     STEP_HOST,
     STEP_PID,
-    JobStatus,
 )
 from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import (
@@ -78,7 +73,7 @@ def running_step(context: OpExecutionContext, spec: SourceSpec) -> Iterator[None
 
 
 def _mark_failed(context: OpExecutionContext) -> None:
-    context.instance.add_run_tags(context.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+    record_failed(context.instance, context.run)
 
 
 def older_run_stops_this_one(context: OpExecutionContext, spec: SourceSpec) -> str | None:
@@ -149,14 +144,9 @@ def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
     from mostovik_pipelines.execution import current_celery_task_id
     from mostovik_pipelines.framework.dagster_compat import EngineEventData
 
-    run_tags = context.run.tags
-    missing = {k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v}
-    if run_tags.get(STATUS_TAG) != JobStatus.RUNNING.value:
-        # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the
-        # parent's final status among them: the run list must not show it as this run's.
-        missing[STATUS_TAG] = JobStatus.RUNNING.value
-    if missing:
-        context.instance.add_run_tags(context.run_id, missing)
+    # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the parent's
+    # final status among them: the run list must not show it as this run's.
+    record_running(context.instance, context.run, business_tags(spec))
     process = {STEP_HOST: socket.gethostname(), STEP_PID: str(os.getpid()),
                STEP_EXECUTOR: os.environ.get(EXECUTOR_ENV, "in_process")}
     task_id = current_celery_task_id()

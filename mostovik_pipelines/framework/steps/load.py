@@ -37,8 +37,9 @@ from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
 from mostovik_pipelines.framework.quality.shape import shape_metadata
 from mostovik_pipelines.framework.quality.validation import row_text
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
-from mostovik_pipelines.framework.runs.tags import FAILED_PERMANENTLY_KEY, STATUS_TAG
-from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS, completed_or_partial
+from mostovik_pipelines.framework.runs.status import completed_or_partial, record
+from mostovik_pipelines.framework.runs.tags import FAILED_PERMANENTLY_KEY
+from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS
 from mostovik_pipelines.framework.spec import LoadedPartition, ReceivedRows, RejectedRow, SourceSpec
 from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
 from mostovik_pipelines.framework.steps.outcomes import (
@@ -122,7 +123,7 @@ def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: As
         _fail_run(spec, failed, len(outcomes.partitions))
     status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
                                   ranged=ranged)
-    context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
+    record(context.instance, context.run_id, status)
     figures = ", ".join(f"{name} {n}" for name, n in totals.items() if name in LOAD_COUNT_KEYS)
     return (f"{spec.name}: job {status.value}; {len(outcomes.partitions)} partition(s)"
             + (f"; {figures}" if figures else ""))

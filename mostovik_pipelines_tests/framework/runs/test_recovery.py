@@ -20,7 +20,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 
 from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.runs.in_flight import LAUNCH_GRACE_SECONDS
-from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.status import STATUS_TAG
 from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import (
