@@ -25,7 +25,7 @@ from dagster import (
 )
 
 from mostovik_pipelines import instance_storage
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.claims import KEEPER_CHECK_SECONDS, RETAKE_GRACE_SECONDS
 from mostovik_pipelines.instance_storage import _ping_on_checkout, storage_engine
 from mostovik_pipelines_tests.support.instances import production_instance
@@ -256,7 +256,7 @@ def test_a_run_storage_away_past_the_90_s_budget_under_a_live_run_fails_it_writi
     database is back, a re-run of the partition loads it exactly."""
     run_storage = ThrowawayPostgres().start()
     try:
-        for budget in (instance_storage.OUTAGE_ENV, OUTAGE_SETTING):
+        for budget in (instance_storage.OUTAGE_ENV, setting_of(Store.WAREHOUSE)):
             monkeypatch.delenv(budget, raising=False)
         home, env = _slow_source_run_environment(
             run_storage, "dagster_past_budget", pg_warehouse_url, standin_server, tmp_path,

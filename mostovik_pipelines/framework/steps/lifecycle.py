@@ -7,16 +7,19 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from dagster import AssetKey, OpExecutionContext, RetryRequested
 
 from mostovik_pipelines.framework.errors import ConcurrentRunError, classify
+from mostovik_pipelines.framework.outages import Store, away_store, ride_out
 from mostovik_pipelines.framework.retries import (
     NO_RETRY,
     RetryPolicy,
     StepContext,
     failure_for,
+    outage_recorder,
     retry_or_fail,
 )
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
@@ -37,10 +40,15 @@ from mostovik_pipelines.framework.steps.outcomes import (
 )
 from mostovik_pipelines.settings import EXECUTOR_ENV
 
-OBJECT_STORE_AWAY = "object_store_unreachable"
+T = TypeVar("T")
 CONCURRENT_RUN_POLL_SECONDS = 3.0
 """How often a run waiting for an older run of its partitions looks again. It waits between
 attempts of its step, holding no worker (a Celery worker is free for the run it waits for)."""
+
+
+STEP_STORES = (Store.WAREHOUSE, Store.OBJECT_STORE)
+"""The stores a step's work reaches itself (the run storage's calls ride out in the instance
+storage, the op outputs' in their I/O manager)."""
 
 
 @contextlib.contextmanager
@@ -53,23 +61,18 @@ def running_step(context: OpExecutionContext, spec: SourceSpec) -> Iterator[None
             yield
         except RetryRequested:
             raise
-        except Exception as error:
-            if classify(error).kind != OBJECT_STORE_AWAY:
-                _mark_failed(context)
-                raise
-            # The object store away where no partition's own handling reached (the landing
-            # store's latest read before a fetch, a payload read before a parse): ridden out as
-            # an outage, as a fault inside a partition's handling is.
-            keys = context.partition_keys
-            scope = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
-            decision = retry_or_fail(context, StepContext(spec.name, scope, context.op.name),
-                                     RetryPolicy(), error)
-            if not isinstance(decision, RetryRequested):
-                _mark_failed(context)
-            raise decision from error
         except BaseException:
             _mark_failed(context)
             raise
+
+
+def riding_out(context: OpExecutionContext, step: StepContext, work: Callable[[], T]) -> T:
+    """One partition's work in a step (its fetch and landing, its parse, its load, its checks),
+    made again in place while the warehouse or the object store is away, up to that store's
+    outage budget (:func:`.outages.ride_out`), each wait logged and recorded on the partition.
+    ``work`` is whole or nothing: a fetch lands whole, a load is one transaction (a paged load
+    goes on after its committed pages), a check reads."""
+    return ride_out(STEP_STORES, work, on_wait=outage_recorder(context, step))
 
 
 def _mark_failed(context: OpExecutionContext) -> None:
@@ -120,7 +123,10 @@ def fail_or_set_aside(
     ranged: bool,
 ) -> PartitionFailure:
     """Retry the step while the failure is transient; else fail the run (one partition) or set
-    the partition aside (a range), logging why."""
+    the partition aside (a range), logging why. A store away is no failure of the partition:
+    it is raised again for the partition's :func:`riding_out` to wait on."""
+    if away_store(STEP_STORES, exc) is not None:
+        raise exc
     decision = retry_or_fail(context, step, policy, exc)
     if isinstance(decision, RetryRequested) or not ranged:
         raise decision from exc

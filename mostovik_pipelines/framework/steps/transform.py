@@ -29,7 +29,11 @@ from mostovik_pipelines.framework.spec import (
     TransformRequest,
     columns_frame,
 )
-from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, ranged_run
+from mostovik_pipelines.framework.steps.lifecycle import (
+    fail_or_set_aside,
+    ranged_run,
+    riding_out,
+)
 from mostovik_pipelines.framework.steps.outcomes import (
     LandedPages,
     PartitionFailure,
@@ -46,6 +50,14 @@ def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
                          landed: LandedPayload | LandedPages
                          ) -> TransformedPartition | TransformedPages | PartitionSkipped | (
                              PartitionFailure):
+    """The landed payload parsed and validated, riding out the landing store being away."""
+    return riding_out(context, StepContext(spec.name, key, "transform"),
+                      lambda: _transform(context, spec, key, landed))
+
+
+def _transform(context: OpExecutionContext, spec: SourceSpec, key: str,
+               landed: LandedPayload | LandedPages
+               ) -> TransformedPartition | TransformedPages | PartitionSkipped | PartitionFailure:
     if isinstance(landed, LandedPages):
         return _transform_pages(context, spec, key, landed)
     landing = getattr(context.resources, LANDING_KEY)

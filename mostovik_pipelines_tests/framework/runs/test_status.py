@@ -1,6 +1,6 @@
-"""A run's ADR status has one writer and one reader, :mod:`mostovik_pipelines.framework.runs.status`:
-no other module of the package names its tag, so what the UI's run list, ``mostovik jobs`` and
-the alerts show of a run changes in one place."""
+"""A run's ADR status has one writer and one reader,
+:mod:`mostovik_pipelines.framework.runs.status`: no other module of the package uses its tag, so
+what the UI's run list, ``mostovik jobs`` and the alerts show of a run changes in one place."""
 
 from __future__ import annotations
 
