@@ -31,10 +31,11 @@ from dagster._core.remote_origin import (
     RemoteRepositoryOrigin,
 )
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
-from dagster._core.storage.tags import RUN_KEY_TAG
+from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, RUN_KEY_TAG
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 __all__ = [
+    "AUTO_RETRY_RUN_ID_TAG",
     "RUN_KEY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
     "BulkActionStatus",
