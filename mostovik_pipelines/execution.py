@@ -46,7 +46,12 @@ EXECUTORS = ("in_process", "multiprocess", "celery")
 BROKER_URL_ENV = "MOSTOVIK_CELERY_BROKER_URL"
 BACKEND_URL_ENV = "MOSTOVIK_CELERY_BACKEND_URL"
 WORKER_LOST_ENV = "MOSTOVIK_CELERY_WORKER_LOST_SECONDS"
-DEFAULT_WORKER_LOST_SECONDS = 60.0
+DEFAULT_WORKER_LOST_SECONDS = 30.0
+"""A worker silent to pings this long is lost: its run is failed within a minute of the worker's
+death (30 s, a ping every 6 s, the executor's poll), yet a live worker is never counted lost
+when Redis comes back from an outage (a worker reconnects with kombu's backoff, 2 s more per
+try: within about 20 s of Redis answering after the 90 s the broker's budget rides out; while
+Redis is away a failed ping is no silence)."""
 OUTAGE_ENV = setting_of(Store.BROKER)
 
 
@@ -241,10 +246,14 @@ class _WorkerLiveness:
         self._last_ping: dict[str, float] = {}
 
     def silent_for(self, app, hostname: str) -> float:
-        """Seconds since ``hostname`` last answered (0 while it answers)."""
+        """Seconds ``hostname`` has not answered the pings sent to it (0 while it answers).
+        Silence counts only while it is asked: after a while nobody asked (Redis away, the
+        executor waiting on it), it counts afresh."""
         now = time.monotonic()
-        self._last_answer.setdefault(hostname, now)
-        if now - self._last_ping.get(hostname, 0.0) >= self.ping_every_seconds:
+        last_ping = self._last_ping.get(hostname)
+        if last_ping is None or now - last_ping > 3 * self.ping_every_seconds:
+            self._last_answer[hostname] = now
+        if now - (last_ping or 0.0) >= self.ping_every_seconds:
             self._last_ping[hostname] = now
             if self._answers(app, hostname):
                 self._last_answer[hostname] = time.monotonic()
