@@ -9,8 +9,8 @@ point, or instead (some scenarios) a crash of the warehouse server at that point
 later; a concurrent duplicate run; a re-run of the loaded partition, possibly after another
 source change; a re-execution of an older run of the partition once newer runs have finished
 (from its failure, through ``mostovik jobs rerun`` or a warm process, or all its steps), possibly
-after a source change and sometimes killed too. A killed run is recorded as failed, as run
-monitoring does, or (some) left "started", as a killed ``dagster job execute`` stays.
+after a source change and sometimes killed too. A killed run is recorded as failed, as the
+dead-run sensor does, or (some) left "started", as it is until the sensor marks it.
 
 A ranged scenario runs 3-5 consecutive dates of the pool, with the Sundays and Mondays between
 them, in one run, with permanent faults on 1-2 of its dates: those partitions fail, the others
