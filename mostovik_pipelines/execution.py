@@ -279,7 +279,8 @@ class _BrokerOutage:
         self._away = False
 
     def ride_out(self, call):
-        result = ride_out(Store.BROKER, call, target=self._target(), on_wait=self._waiting)
+        result = ride_out(Store.BROKER, call, target=self._target(), answers=True,
+                          on_wait=self._waiting)
         if self._away:
             self._away = False
             self._report("Celery broker and result backend reachable again.")

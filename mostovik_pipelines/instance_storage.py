@@ -195,14 +195,15 @@ class _Outage:
         """A new connection (SQLAlchemy's ``do_connect``), tried again while the database is
         away; a server that refuses us fails at once (the one classifier)."""
         return ride_out(Store.RUN_STORAGE, lambda: dialect.connect(*cargs, **cparams),
-                        target=self.database)
+                        target=self.database, answers=True)
 
     def building(self, build: Callable[[], None]) -> None:
         """``build`` (dagster-postgres' storages, which connect to check or create their tables
         and give up after about 6 s of their own retries), again while the database is away:
         a process started during an outage (a code server the daemon starts again, a run, a
         webserver) waits it out instead of failing to load."""
-        ride_out(Store.RUN_STORAGE, build, target=self.database, on_wait=_starting)
+        ride_out(Store.RUN_STORAGE, build, target=self.database, answers=True,
+                 on_wait=_starting)
 
     def retrying(self, call: Callable[..., T]) -> Callable[..., T]:
         """``call``, made again while it fails because the database is away: a connection lost

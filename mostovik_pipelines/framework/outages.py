@@ -139,14 +139,21 @@ def is_away(store: Store, error: BaseException) -> bool:
 
 
 def ride_out(stores: Store | tuple[Store, ...], call: Callable[[], T], *, target: str = "",
-             since: float | None = None,
+             since: float | None = None, answers: bool = False,
              on_wait: Callable[[Store, BaseException, float, float], None] | None = None) -> T:
     """``call()``, made again with backoff while it fails because one of ``stores`` is away,
     for up to that store's budget of one outage (on the process's clock of the store and
     ``target``, counted from ``since`` if that is earlier: when it last answered); past it,
     :class:`StoreAway`. Each wait is told to ``on_wait(store, error, seconds away, wait)``, by
     default a warning in the process's log. ``call`` must be safe to make again: a read, a
-    whole write, or a transaction that was rolled back."""
+    whole write, or a transaction that was rolled back.
+
+    The outage is over (:func:`answered`) when the call passes after it met the store away, or
+    whenever it passes if ``answers`` (it cannot pass without the store: a new connection, an
+    upload); a call that may pass without the store (a storage call answered from memory)
+    proves nothing, and while the store stays away the clock goes on."""
+    stores = stores if isinstance(stores, tuple) else (stores,)
+    met: set[Store] = set()
     wait = FIRST_WAIT_SECONDS
     while True:
         try:
@@ -155,6 +162,7 @@ def ride_out(stores: Store | tuple[Store, ...], call: Callable[[], T], *, target
             store = away_store(stores, error)
             if store is None:
                 raise
+            met.add(store)
             seconds = away_for(store, target, since)
             budget = budget_seconds(store)
             if seconds >= budget:
@@ -166,7 +174,7 @@ def ride_out(stores: Store | tuple[Store, ...], call: Callable[[], T], *, target
             time.sleep(pause)
             wait = min(wait * 2, MAX_WAIT_SECONDS)
             continue
-        for store in (stores if isinstance(stores, tuple) else (stores,)):
+        for store in stores if answers else met:
             answered(store, target)
         return result
 
@@ -190,18 +198,29 @@ def first_line(error: BaseException) -> str:
 
 # --- the clock: one outage, one budget, per store and target, for the whole process ------------
 
+STALE_SECONDS = 30.0
+"""A failure this long after the last one anyone in the process saw starts a new outage: the
+store answered in between, to a call that could not say so (riders wait 5 s at most between
+tries, so a continuing outage is seen far more often)."""
+
 _guard = threading.Lock()
 _away_since: dict[tuple[Store, str], float] = {}
+_last_seen: dict[tuple[Store, str], float] = {}
 
 
 def away_for(store: Store, target: str = "", since: float | None = None) -> float:
     """Seconds ``store`` (``target``) has been away on the monotonic clock, counting from the
-    first failure anyone in the process saw, or from ``since`` (when it last answered) if that
-    is earlier."""
+    first failure anyone in the process saw in this outage, or from ``since`` (when it last
+    answered) if that is earlier."""
     now = time.monotonic()
+    key = (store, target)
     with _guard:
-        start = min(_away_since.get((store, target), now), now if since is None else since)
-        _away_since[(store, target)] = start
+        start = _away_since.get(key, now)
+        if now - _last_seen.get(key, now) > STALE_SECONDS:
+            start = now
+        start = min(start, now if since is None else since)
+        _away_since[key] = start
+        _last_seen[key] = now
         return now - start
 
 
@@ -209,6 +228,7 @@ def answered(store: Store, target: str = "") -> None:
     """The store answered: its outage, if any, is over."""
     with _guard:
         _away_since.pop((store, target), None)
+        _last_seen.pop((store, target), None)
 
 
 def database_of(url: str) -> str:

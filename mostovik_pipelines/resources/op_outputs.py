@@ -99,7 +99,7 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
                 f"{_step(context).describe()}: {wait_message(store, error, seconds, wait)}")
 
         try:
-            return ride_out(Store.OBJECT_STORE, call, on_wait=say)
+            return ride_out(Store.OBJECT_STORE, call, answers=True, on_wait=say)
         except StoreAway as gone:
             raise failure_for(_step(context), classify(gone), 1, self.policy) from gone
 

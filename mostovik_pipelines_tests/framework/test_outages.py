@@ -136,3 +136,20 @@ def test_any_other_failure_is_raised_at_once():
     with pytest.raises(ValueError):
         ride_out((Store.WAREHOUSE, Store.OBJECT_STORE), broken)
     assert calls == [1]
+
+
+def test_a_call_that_passes_without_the_store_does_not_end_its_outage(monkeypatch):
+    """A storage call answered from memory passes while the database is away: the outage goes
+    on (it restarted the clock, and a run gave up past the budget four times over, once per
+    call that failed after it). A failure long after the last one seen starts a new outage."""
+    target = "passes_without"
+    outages.away_for(Store.RUN_STORAGE, target, since=time.monotonic() - 60)
+    assert ride_out(Store.RUN_STORAGE, lambda: "from memory", target=target) == "from memory"
+    assert outages.away_for(Store.RUN_STORAGE, target) >= 60
+    assert ride_out(Store.RUN_STORAGE, lambda: "connected", target=target, answers=True)
+    assert outages.away_for(Store.RUN_STORAGE, target) < 1
+    monkeypatch.setattr(outages, "STALE_SECONDS", 0.05)
+    outages.away_for(Store.RUN_STORAGE, target, since=time.monotonic() - 60)
+    time.sleep(0.1)
+    assert outages.away_for(Store.RUN_STORAGE, target) < 1
+    outages.answered(Store.RUN_STORAGE, target)
