@@ -20,7 +20,7 @@ from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY, alert_sensors
 from mostovik_pipelines.framework.runs.dead_runs import dead_runs_sensor
 from mostovik_pipelines.framework.spec import SourceSpec
-from mostovik_pipelines.framework.verification.schedule import verification_check_key
+from mostovik_pipelines.framework.verification.check import verification_check_key
 from mostovik_pipelines.maintenance.job import maintenance_definitions
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.notifier import AlertNotifierResource

@@ -155,7 +155,7 @@ def _differing(instance: DagsterInstance, spec: SourceSpec,
                keys: Sequence[str]) -> dict[str, str]:
     """Per partition whose latest verification verdict failed and judged its latest load:
     why it is taken."""
-    from mostovik_pipelines.framework.verification.schedule import verification_check_key
+    from mostovik_pipelines.framework.verification.check import verification_check_key
 
     return {info.partition_key: "differs: its latest verification found the table differs "
                                 "from the source"

@@ -61,10 +61,8 @@ from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.tags import business_tags
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import StepOutcomes
-from mostovik_pipelines.framework.verification.schedule import (
-    verification_check_spec,
-    verification_definitions,
-)
+from mostovik_pipelines.framework.verification.check import verification_check_spec
+from mostovik_pipelines.framework.verification.schedule import verification_definitions
 
 
 class ExtractConfig(Config):

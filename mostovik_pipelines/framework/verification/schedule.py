@@ -18,17 +18,11 @@ any other (the UI's run list, ``mostovik jobs list``), and per partition:
 Its op imports what it runs when it runs, so loading the code location imports no pandas.
 """
 
-import warnings
-
 from dagster import (
-    AssetCheckKey,
-    AssetCheckSpec,
-    AssetKey,
     Config,
     DefaultScheduleStatus,
     Definitions,
     OpExecutionContext,
-    PreviewWarning,
     ScheduleDefinition,
     job,
     op,
@@ -44,28 +38,11 @@ from mostovik_pipelines.framework.runs.tags import business_tags
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.settings import setting
 
-MATCHES_SOURCE = "matches_source"
 VERIFY_SOURCES_SETTING = "MOSTOVIK_VERIFY_SOURCES"
 VERIFY_CRON_SETTING = "MOSTOVIK_VERIFY_CRON"
 VERIFICATION_TAG = "mostovik/verification"
 """On a verification run: what it compared with (``source``)."""
 DEFAULT_TIMEZONE = "Europe/Moscow"
-
-
-def verification_check_spec(spec: SourceSpec) -> AssetCheckSpec:
-    """The check the verification records per partition (declared on the source's asset)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PreviewWarning)
-        return AssetCheckSpec(
-            MATCHES_SOURCE, asset=spec.name, partitions_def=spec.partitions_def,
-            blocking=False,
-            description="The table holds exactly what the source says for the partition, as "
-                        "the scheduled verification found it (a load plans it, the "
-                        f"verification job {spec.name}_verification_job evaluates it).")
-
-
-def verification_check_key(spec: SourceSpec) -> AssetCheckKey:
-    return AssetCheckKey(AssetKey(spec.name), MATCHES_SOURCE)
 
 
 def verified_sources() -> set[str]:

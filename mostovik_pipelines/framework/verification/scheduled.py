@@ -28,11 +28,11 @@ from mostovik_pipelines.framework.dagster_compat import (
 from mostovik_pipelines.framework.load.ledger import ledger_entries
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY
 from mostovik_pipelines.framework.spec import JobType, SourceSpec
-from mostovik_pipelines.framework.verification.compare import PartitionVerdict
-from mostovik_pipelines.framework.verification.schedule import (
+from mostovik_pipelines.framework.verification.check import (
     MATCHES_SOURCE,
     verification_check_key,
 )
+from mostovik_pipelines.framework.verification.compare import PartitionVerdict
 from mostovik_pipelines.framework.verification.verify import read_only, verify_partition
 from mostovik_pipelines.resources.notifier import Alert
 

@@ -25,10 +25,8 @@ from mostovik_pipelines.framework.runs.tags import (
     REQUESTED_BY_TAG,
     run_partitions,
 )
-from mostovik_pipelines.framework.verification.schedule import (
-    MATCHES_SOURCE,
-    VERIFY_SOURCES_SETTING,
-)
+from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
+from mostovik_pipelines.framework.verification.schedule import VERIFY_SOURCES_SETTING
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines_tests.support.instances import create_instance_storage, fresh_deployment
 from mostovik_pipelines_tests.support.locations import code_location_for
