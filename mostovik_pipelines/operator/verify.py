@@ -68,7 +68,8 @@ def verify(source: str, first: str, last: str, against: str, as_json: bool) -> N
             "agrees": agreeing == len(verdicts),
             "partitions": [v.as_dict() for v in verdicts]}, indent=1, ensure_ascii=False))
     else:
-        click.echo(f"{source}: {len(verdicts)} partition(s) against the {against}: "
+        compared = "the source" if against == "source" else "the landed payloads"
+        click.echo(f"{source}: {len(verdicts)} partition(s) against {compared}: "
                    f"{agreeing} match, {len(verdicts) - agreeing} do not")
     if agreeing != len(verdicts):
         sys.exit(EXIT_JOB_FAILED)

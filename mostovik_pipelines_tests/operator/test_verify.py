@@ -152,6 +152,13 @@ def test_a_clean_range_matches_on_every_source_kind_and_nothing_is_written(
             assert {p["status"] for p in report["partitions"]} == {"matches"}
         assert report["partitions"][0]["source_rows"] > 0
     assert len(report["partitions"]) == 1
+    shown = subprocess.run(
+        [MOSTOVIK, "verify", "--source", "cbr_daily_rates", "--from", MONTH[0], "--to",
+         MONTH[0], "--against", "landed"], env={**os.environ, **deployment.env},
+        capture_output=True, text=True, timeout=300)
+    assert (shown.returncode, shown.stdout.splitlines()) == (0, [
+        f"{MONTH[0]}: matches",
+        "cbr_daily_rates: 1 partition(s) against the landed payloads: 1 match, 0 do not"])
     # Against the landed payload no request leaves the machine; against the source, one per
     # partition (the ERP's window: its pages).
     assert len(standin.requests("cbr")) == 31

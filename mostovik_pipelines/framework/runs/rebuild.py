@@ -100,10 +100,12 @@ def rebuild_tracker(instance: DagsterInstance, engine: Engine, sources: Sequence
         partitions_def = spec.partitions_def
         if isinstance(partitions_def, DynamicPartitionsDefinition):
             known = set(instance.get_dynamic_partitions(partitions_def.name))
-            rebuild.versions_added = sorted({e.key for e in todo} - known)
+            rebuild.versions_added = sorted({e.loaded_partition_key for e in todo
+                                             if e.loaded_partition_key} - known)
             if rebuild.versions_added and not dry_run:
                 instance.add_dynamic_partitions(partitions_def.name, rebuild.versions_added)
-            valid = {e.key for e in todo}
+            # A load recorded before the ledger named its version names only the file.
+            valid = {e.loaded_partition_key for e in todo if e.loaded_partition_key}
         else:
             valid = set(partitions_def.get_partition_keys())
         for entry in todo:
