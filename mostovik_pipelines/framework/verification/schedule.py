@@ -34,7 +34,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
     source_resource_key,
 )
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY
-from mostovik_pipelines.framework.runs.tags import business_tags
+from mostovik_pipelines.framework.runs.tags import JOB_TYPE_TAG, SOURCE_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.settings import setting
 
@@ -42,6 +42,9 @@ VERIFY_SOURCES_SETTING = "MOSTOVIK_VERIFY_SOURCES"
 VERIFY_CRON_SETTING = "MOSTOVIK_VERIFY_CRON"
 VERIFICATION_TAG = "mostovik/verification"
 """On a verification run: what it compared with (``source``)."""
+VERIFICATION = "verification"
+"""A verification run's job type: the run list and ``mostovik jobs list`` show it under its
+source, never as a load of the source's kind."""
 DEFAULT_TIMEZONE = "Europe/Moscow"
 
 
@@ -76,7 +79,7 @@ def verification_definitions(spec: SourceSpec) -> Definitions:
     @job(name=f"{spec.name}_verification_job",
          description=f"Verify {spec.name}'s loaded partitions of the lookback against the "
                      "source (read-only).",
-         tags={**business_tags(spec), VERIFICATION_TAG: "source"})
+         tags={SOURCE_TAG: spec.name, JOB_TYPE_TAG: VERIFICATION, VERIFICATION_TAG: "source"})
     def verification_job():
         verify_lookback()
 
