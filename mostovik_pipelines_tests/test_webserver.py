@@ -152,7 +152,9 @@ def test_the_code_location_loads_with_its_assets_checks_jobs_schedules_and_senso
     assert contents.schedules == {
         PRUNE_SCHEDULE: "RUNNING",
         **{f"{name}_schedule": "STOPPED" if name == STALE_SOURCE else "RUNNING"
-           for name, spec in SPECS.items() if spec.schedule}}
+           for name, spec in SPECS.items() if spec.schedule},
+        # The scheduled verifications are off unless MOSTOVIK_VERIFY_SOURCES names a source.
+        **{f"{name}_verification": "STOPPED" for name in SPECS}}
     assert PRUNE_JOB in contents.jobs
     assert SCHEDULE in contents.schedules
     assert contents.sensors == {
