@@ -39,6 +39,7 @@ from dagster import (
     DagsterInstance,
     DynamicPartitionsDefinition,
     MetadataValue,
+    RunsFilter,
 )
 from sqlalchemy import Engine
 
@@ -56,6 +57,8 @@ FETCHED_AT_KEY = "fetched_at"
 sync's window, only when its load started from the first page."""
 LAUNCHED_BY_LEDGER = "the ledger (mostovik tracker rebuild)"
 PAGE = 1_000
+RUNLESS_RUN_ID = ""
+"""The run id Dagster stores a run-less event under."""
 
 
 @dataclass
@@ -155,50 +158,47 @@ def _metadata(spec: SourceSpec, entry: LedgerEntry) -> dict:
 def recorded_jobs(instance: DagsterInstance, sources: Iterable[SourceSpec],
                   source: str | None = None) -> list[Job]:
     """The loads a rebuild recorded whose runs run storage does not have: one job per loading
-    run, completed, newest first (what ``mostovik jobs list`` adds to the runs it lists)."""
-    jobs: list[Job] = []
-    for spec in sources:
-        if source and spec.name != source:
+    run, completed, newest first (what ``mostovik jobs list`` adds to the runs it lists). Only
+    run-less events are read (they are stored under the empty run id), not every load's."""
+    specs = {spec.name: spec for spec in sources if source in (None, spec.name)}
+    by_run: dict[tuple[str, str], list[tuple[str, datetime]]] = {}
+    for name, partition, metadata in _rebuilt(instance):
+        if name not in specs:
             continue
-        by_run: dict[str, list[tuple[str, datetime]]] = {}
-        for partition, metadata in _rebuilt(instance, spec.name):
-            loaded_at = datetime.fromisoformat(str(metadata["loaded_at"].value))
-            by_run.setdefault(str(metadata[LOADED_BY_RUN_KEY].value), []).append(
-                (partition, loaded_at))
-        known = {record.dagster_run.run_id for record in instance.get_run_records(
-            _runs_filter(list(by_run)))} if by_run else set()
-        for run_id, loads in by_run.items():
-            if run_id in known:
-                continue
-            partitions = sorted(partition for partition, _ in loads)
-            ended = max(loaded_at for _, loaded_at in loads)
-            jobs.append(Job(
-                run_id=run_id, source=spec.name, job_type=spec.job_type.value,
-                partitions=partitions, status=JobStatus.COMPLETED, result="success",
-                run_status="not in run storage", started_at=None,
-                ended_at=ended.astimezone(UTC), launched_by=LAUNCHED_BY_LEDGER,
-                executor=None, parent_run_id=None, root_run_id=None, rerun_of=None))
+        loaded_at = datetime.fromisoformat(str(metadata["loaded_at"].value))
+        by_run.setdefault((name, str(metadata[LOADED_BY_RUN_KEY].value)), []).append(
+            (partition, loaded_at))
+    run_ids = sorted({run_id for _, run_id in by_run})
+    known = {record.dagster_run.run_id for record in instance.get_run_records(
+        RunsFilter(run_ids=run_ids))} if run_ids else set()
+    jobs = []
+    for (name, run_id), loads in by_run.items():
+        if run_id in known:
+            continue
+        ended = max(loaded_at for _, loaded_at in loads)
+        jobs.append(Job(
+            run_id=run_id, source=name, job_type=specs[name].job_type.value,
+            partitions=sorted(partition for partition, _ in loads),
+            status=JobStatus.COMPLETED, result="success", run_status="not in run storage",
+            started_at=None, ended_at=ended.astimezone(UTC), launched_by=LAUNCHED_BY_LEDGER,
+            executor=None, parent_run_id=None, root_run_id=None, rerun_of=None))
     return sorted(jobs, key=lambda job: job.ended_at or datetime.min.replace(tzinfo=UTC),
                   reverse=True)
 
 
-def _rebuilt(instance: DagsterInstance, source: str) -> Iterable[tuple[str, dict]]:
+def _rebuilt(instance: DagsterInstance) -> Iterable[tuple[str, str, dict]]:
+    """(asset, partition, metadata) of every materialisation a rebuild recorded."""
     cursor = None
     while True:
-        result = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=AssetKey(source)), limit=PAGE, cursor=cursor)
+        result = instance.get_records_for_run(
+            RUNLESS_RUN_ID, cursor=cursor, of_type=DagsterEventType.ASSET_MATERIALIZATION,
+            limit=PAGE)
         for record in result.records:
-            materialization = record.asset_materialization
-            if (record.run_id or not materialization or not materialization.partition
-                    or RECORDED_BY_KEY not in materialization.metadata):
-                continue
-            yield materialization.partition, materialization.metadata
+            materialization = record.event_log_entry.asset_materialization
+            if (materialization and materialization.partition
+                    and RECORDED_BY_KEY in materialization.metadata):
+                yield (materialization.asset_key.to_user_string(), materialization.partition,
+                       materialization.metadata)
         if not result.has_more:
             return
         cursor = result.cursor
-
-
-def _runs_filter(run_ids: list[str]):
-    from dagster import RunsFilter
-
-    return RunsFilter(run_ids=run_ids)
