@@ -30,6 +30,7 @@ from dagster._core.remote_origin import (
     RemoteJobOrigin,
     RemoteRepositoryOrigin,
 )
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, RUN_KEY_TAG
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
@@ -38,6 +39,7 @@ __all__ = [
     "AUTO_RETRY_RUN_ID_TAG",
     "RUN_KEY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
+    "AssetCheckExecutionRecordStatus",
     "BulkActionStatus",
     "BulkActionsFilter",
     "CronFreshnessPolicy",
