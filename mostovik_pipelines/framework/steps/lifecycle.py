@@ -24,7 +24,7 @@ from mostovik_pipelines.framework.retries import (
 )
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
-from mostovik_pipelines.framework.runs.status import record_failed, record_running
+from mostovik_pipelines.framework.runs.status import JobStatus, record, record_running
 from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY, PERMANENT, business_tags
 from mostovik_pipelines.framework.runs.tracking import (
     STEP_CELERY_TASK,
@@ -76,7 +76,9 @@ def riding_out(context: OpExecutionContext, step: StepContext, work: Callable[[]
 
 
 def _mark_failed(context: OpExecutionContext) -> None:
-    record_failed(context.instance, context.run)
+    # Written whatever the step's copy of the run says: it was read as the run started, and a
+    # re-execution's carried its parent's status, which the first step replaced.
+    record(context.instance, context.run_id, JobStatus.FAILED)
 
 
 def older_run_stops_this_one(context: OpExecutionContext, spec: SourceSpec) -> str | None:
