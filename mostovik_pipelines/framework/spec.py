@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any
 from dagster import (
     BackfillPolicy,
     ConfigurableResource,
-    FreshnessPolicy,
     PartitionsDefinition,
     TimeWindowPartitionsDefinition,
 )
 from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
-from mostovik_pipelines.framework.automation.policy import CatchUpPolicy
+from mostovik_pipelines.framework.automation.policy import CatchUpPolicy, PeriodDeadline
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.framework.quality.shape import (
     AddedFieldPolicy,
@@ -338,9 +337,10 @@ class SourceSpec:
     protocol: str = "http"
     """How the source is reached (``http``, ``rest``, ``file``...): a kind of its asset, next to
     the warehouse's storage."""
-    freshness_policy: FreshnessPolicy | None = None
-    """When the source's data must have been loaded; the daemon evaluates it, a stale source
-    shows in the UI and raises an alert (:mod:`.alerts`)."""
+    deadline: PeriodDeadline | None = None
+    """Time-partitioned sources: when each period is due. Its check ``period_deadlines`` is red
+    while a due period is not final, and a late period is alerted once
+    (:mod:`.automation.deadlines`)."""
     checks: Sequence[PartitionCheck] = ()
     """The source's own asset checks, run after the framework's (:mod:`.checks`)."""
     catch_up: CatchUpPolicy = field(default_factory=CatchUpPolicy)
@@ -381,6 +381,9 @@ class SourceSpec:
                 f"({self.max_runtime_seconds}), or a run waiting its turn is failed as hung")
         if self.rows_per_commit < 1:
             raise ValueError(f"source {self.name}: rows_per_commit must be at least 1")
+        if self.deadline is not None and not isinstance(self.partitions_def,
+                                                        TimeWindowPartitionsDefinition):
+            raise ValueError(f"source {self.name}: a deadline needs time-window partitions")
         if self.tombstone_column is not None and self.tombstone_column not in columns:
             raise ValueError(f"source {self.name}: tombstone column {self.tombstone_column!r} "
                              f"is not in {self.table.name}")

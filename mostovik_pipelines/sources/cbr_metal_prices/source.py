@@ -15,9 +15,12 @@ Settings: ``MOSTOVIK_CBR_METALS_URL`` (default the CBR's), ``MOSTOVIK_CBR_METALS
 
 from __future__ import annotations
 
+from datetime import datetime, time
+
 from dagster import DailyPartitionsDefinition
 from sqlalchemy import Column, Date, Integer
 
+from mostovik_pipelines.framework.automation.policy import PeriodDeadline
 from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
 from mostovik_pipelines.framework.retries import RetryPolicy
@@ -48,6 +51,12 @@ cbr_metal_prices_table = warehouse_table(
     Column("sell", ExactDecimal(), nullable=False, comment="roubles per gram, as published"),
     natural_key=("price_date", "metal_code"),
 )
+
+def prices_due(start: datetime, end: datetime) -> datetime:
+    """A day's prices (none on a day off) are due at 19:00 of the day: the 18:00 tick loads
+    them."""
+    return datetime.combine(start.date(), time(19, 0), start.tzinfo)
+
 
 SHAPE = SourceShape((
     expect("Metall/@FromDate", ValueKind.INTEGER),
@@ -89,4 +98,6 @@ SOURCE = SourceSpec(
     # Weekends and holidays have no records: the day completes with nothing loaded.
     empty_payload_is_valid=True,
     shape=SHAPE,
+    deadline=PeriodDeadline(prices_due, "the day's prices (or the day off's empty answer) by "
+                                        "19:00 Moscow time"),
 )
