@@ -319,9 +319,10 @@ class SourceSpec:
     every source whose natural key does not include the partition column (and only there): such
     a key can move between partitions, so every load of the table runs alone."""
     empty_payload_is_valid: bool = False
-    """Replace-partition sources: a payload that parses to no rows at all is a legitimate
-    delivery (no records on a holiday) and empties the partition. Unset, such a payload fails
-    the run as a contract error instead of wiping the partition."""
+    """Replace-partition sources: a payload that says positively that it holds no records (no
+    records on a holiday, and nothing else: ``SourceShape.records``) is a legitimate delivery
+    and empties the partition. Unset, or when the payload holds something else, a payload
+    without rows fails the run as a contract error instead of wiping the partition."""
     url_setting: str | None = None
     """The environment variable that holds the source's endpoint URL, read by the source module
     itself; ``mostovik demo``, ``make dev`` point it at the source's stand-in endpoint."""
@@ -427,6 +428,11 @@ def _refuse_implicit_rules(spec: SourceSpec) -> None:
             "such a row does: key_held_elsewhere=KeyHeldElsewhere.MOVE (it moves to the "
             "partition loading it: synced records) or KeyHeldElsewhere.REJECT (it goes to "
             "quarantine: two files claiming one line)")
+    if spec.empty_payload_is_valid and (spec.shape is None or not spec.shape.records):
+        raise ValueError(
+            f"{where}: empty_payload_is_valid needs the records named in its shape "
+            "(shape=SourceShape(..., records='Record')): a payload without rows is an empty "
+            "period only when it says so, holding no record and nothing else")
     if spec.max_rejected_share is None:
         raise ValueError(
             f"{where}: declare max_rejected_share, the share of a partition's rows that may go "
