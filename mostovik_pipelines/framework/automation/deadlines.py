@@ -136,8 +136,10 @@ def deadline_state(instance: DagsterInstance, spec: SourceSpec, now: datetime) -
     watched_from = _watched_from(instance, spec, now)
     if watched_from is None or watched_from >= now:
         return DeadlineState(spec.name, now, [], watched_from)
+    # From a month before: the period whose window holds watched_from counts too.
     keys = partitions_def.get_partition_keys_in_time_window(
-        TimeWindow(watched_from, now + timedelta(days=7)))
+        TimeWindow(max(watched_from - timedelta(days=31), partitions_def.start),
+                   now + timedelta(days=7)))
     due: dict[str, tuple[datetime, datetime]] = {}
     for key in keys:
         window = partitions_def.time_window_for_partition_key(key)
