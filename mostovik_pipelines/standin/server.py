@@ -28,7 +28,9 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`.cli
   lists the requests hanging now (route, query as a fault's ``match`` reads it, since): what a
   test waits on before it acts.
 * ``<method> /_control/<route>/<name>``: an endpoint's own controls; ``DELETE
-  /_control/<route>`` forgets what tests changed in it.
+  /_control/<route>`` forgets what tests changed in it; ``POST /_control/<route>/clock``
+  ``{"at": ISO instant | null}`` tells it the instant a fake-clock test runs at (what the source
+  has published by then).
 * CBR: ``POST /_control/cbr/changes``, ``POST /_control/cbr/published_until``,
   ``DELETE /_control/cbr/changes`` (see :mod:`mostovik_pipelines.sources.cbr_daily_rates.standin`).
 * ERP (errors answer 400/404/409 with ``{"error", "message"}``):
@@ -52,6 +54,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -222,6 +225,10 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 elif method == "DELETE" and not name:
                     endpoint_state.reset()
                     result = {"reset": route}
+                elif (method, name) == ("POST", "clock"):
+                    at = body.get("at")
+                    endpoint_state.set_clock(datetime.fromisoformat(at) if at else None)
+                    result = {"clock": at}
                 else:
                     result = endpoint_state.control(method, name, params, body)
             except EndpointError as error:

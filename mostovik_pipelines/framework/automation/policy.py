@@ -29,6 +29,8 @@ class CatchUpPolicy:
     with every further failure in a row, up to ``max_backoff``: a source down for a week costs
     a handful of runs, not one per tick."""
     max_backoff: timedelta = timedelta(days=1)
+    settings_prefix: str | None = None
+    """Where an operator sets the lookback and settle time (``MOSTOVIK_CBR``), when they can."""
 
     @classmethod
     def from_settings(cls, prefix: str, *, lookback_days: int = 7,
@@ -38,7 +40,8 @@ class CatchUpPolicy:
         return cls(
             lookback=timedelta(days=int(setting(f"{prefix}_LOOKBACK_DAYS", str(lookback_days)))),
             settle=timedelta(minutes=int(setting(f"{prefix}_SETTLE_MINUTES",
-                                                 str(settle_minutes)))))
+                                                 str(settle_minutes)))),
+            settings_prefix=prefix)
 
 
 @dataclass(frozen=True)

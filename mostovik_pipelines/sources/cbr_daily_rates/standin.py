@@ -85,6 +85,11 @@ class CbrStandin(EndpointState):
         self._published_until: date | None = None
         self._holidays: frozenset[date] = frozenset()
 
+    def set_clock(self, at: datetime | None) -> None:
+        """Published by ``at``: tomorrow's rates from 15:30, else today's."""
+        with self._lock:
+            self._published_until = default_published_until(at) if at else None
+
     def set_published_until(self, day: str | None) -> None:
         with self._lock:
             self._published_until = date.fromisoformat(day) if day else None

@@ -49,6 +49,11 @@ class CbrMetalsStandin(EndpointState):
             self._holidays = frozenset()
             self._record_element = "Record"
 
+    def set_clock(self, at: datetime | None) -> None:
+        """Published by ``at``: the day's prices (set in the day, read at the evening tick)."""
+        with self._lock:
+            self._published_until = at.astimezone(MOSCOW).date() if at else None
+
     def learn_holidays(self, days: list[str]) -> None:
         with self._lock:
             self._holidays = frozenset(date.fromisoformat(day) for day in days)
