@@ -11,6 +11,7 @@ rates from 15:30; the metals: the day's prices)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -63,23 +64,44 @@ class Calendar:
     """Every run the ticks asked for, in order."""
 
     def tick(self, schedule: str, due: datetime, *, started_at: datetime | None = None,
-             catch_up_since: datetime | None = None) -> list[DagsterRun]:
+             catch_up_since: datetime | None = None,
+             before_tick: Callable[[], None] | None = None,
+             wait_for_runs: bool = True) -> list[DagsterRun]:
         """The daemon started (again) just before ``due``, the tick of ``schedule`` due then
         evaluated and every run it launched finished; those runs.
 
         With ``catch_up_since``, the daemon was down since then and is started at
         ``started_at``, after ``due``: Dagster catches up the ticks it missed (the last five),
-        ``due`` among them; the runs of every tick since ``catch_up_since``."""
+        ``due`` among them; the runs of every tick since ``catch_up_since``. ``before_tick`` is
+        called once the daemon is up, before the tick is due (start it early enough); without
+        ``wait_for_runs`` the tick's runs are returned as they are, maybe still going."""
         start = started_at or due - LEAD
-        self.tell_the_time(start)
-        self.daemon.restart(start, catch_up=catch_up_since is not None)
+        self.start_at(start, catch_up=catch_up_since is not None)
+        if before_tick is not None:
+            before_tick()
         tick = wait_for_tick(self.daemon.instance, schedule, due,
                              diagnostics=self.daemon.log_tail)
         assert tick.status in (TickStatus.SUCCESS, TickStatus.SKIPPED), _describe(tick)
-        wait_for_runs_done(self.daemon.instance, diagnostics=self.daemon.log_tail)
+        if wait_for_runs:
+            wait_for_runs_done(self.daemon.instance, diagnostics=self.daemon.log_tail)
         runs = self.runs_of_ticks(schedule, since=catch_up_since or due)
         self.launched += [run.run_id for run in runs if run.run_id not in self.launched]
         return runs
+
+    def as_configured(self, spec: SourceSpec) -> SourceSpec:
+        """``spec`` as the daemon's code location reads it: its lookback from the settings the
+        calendar gave it (this process read its own)."""
+        prefix = spec.catch_up.settings_prefix
+        days = self.daemon.environment.get(f"{prefix}_LOOKBACK_DAYS") if prefix else None
+        if days is None:
+            return spec
+        return dataclasses.replace(spec, catch_up=dataclasses.replace(
+            spec.catch_up, lookback=timedelta(days=int(days))))
+
+    def start_at(self, at: datetime, *, catch_up: bool = False) -> None:
+        """The daemon (re)started with its clock reading ``at``, every stand-in told the time."""
+        self.tell_the_time(at)
+        self.daemon.restart(at, catch_up=catch_up)
 
     def mostovik(self, *args: str, at: datetime | None = None) -> subprocess.CompletedProcess:
         """``mostovik ARGS`` as an operator types it on the deployment: the daemon's instance and
