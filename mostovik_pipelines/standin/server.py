@@ -24,7 +24,8 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`.cli
   ``content_b64``, with optional ``content_type`` and ``status``), and on the ``erp`` route
   ``expire_token`` (with ``page`` >= 2: the token that asks for that page expires for good, 410).
 * ``GET /_control/requests`` lists the latest 10,000 requests served (route, query, time,
-  status, fault, page); ``DELETE /_control/requests`` forgets them. ``GET /_control/hanging``
+  status, fault, page, and ``clock``: the fake instant it was served at, for a route told one);
+  ``DELETE /_control/requests`` forgets them. ``GET /_control/hanging``
   lists the requests hanging now (route, query as a fault's ``match`` reads it, since): what a
   test waits on before it acts.
 * ``<method> /_control/<route>/<name>``: an endpoint's own controls; ``DELETE
@@ -98,6 +99,9 @@ class StandinState:
         self.endpoints = sorted(endpoints.values(), key=lambda e: len(e.path), reverse=True)
         self.states: dict[str, EndpointState] = {
             endpoint.route: endpoint.state(options) for endpoint in self.endpoints}
+        self.clock_offsets: dict[str, float] = {}
+        """Per route told a fake instant: its offset from the real clock (the request log's
+        ``clock``)."""
 
     def endpoint_at(self, path: str) -> Endpoint | None:
         """The endpoint serving ``path``: the one whose path is the longest prefix of it."""
@@ -227,7 +231,13 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                     result = {"reset": route}
                 elif (method, name) == ("POST", "clock"):
                     at = body.get("at")
-                    endpoint_state.set_clock(datetime.fromisoformat(at) if at else None)
+                    instant = datetime.fromisoformat(at) if at else None
+                    endpoint_state.set_clock(instant)
+                    with state.lock:
+                        if instant is None:
+                            state.clock_offsets.pop(route, None)
+                        else:
+                            state.clock_offsets[route] = instant.timestamp() - time.time()
                     result = {"clock": at}
                 else:
                     result = endpoint_state.control(method, name, params, body)
@@ -305,7 +315,10 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             served, self._served = getattr(self, "_served", None), None
             if served is not None:
                 with state.lock:
-                    state.requests.append({**served, "at": time.time(), "status": status})
+                    now = time.time()
+                    offset = state.clock_offsets.get(served["route"])
+                    state.requests.append({**served, "at": now, "status": status, "clock": (
+                        now + offset if offset is not None else None)})
 
         def _send(self, reply: Reply) -> int:
             self._log_served(reply.status)

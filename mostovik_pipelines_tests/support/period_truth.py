@@ -9,8 +9,9 @@ test queued for the code location's runs play no part either.
 * a replace-partition period (a day's rates, a day's prices, a file) is final when the ledger
   (``partition_loads``) has a load of it and the table holds exactly what a clean load gives
   (an empty day is final only once it was loaded, empty);
-* a merge-by-version window (a sync's day) is final, once it closed and its settle time passed,
-  when every record the source now has in it is stored under it with its version (records
+* a merge-by-version window (a sync's day) is final when its stand-in served its first page at
+  an instant after its close and settle time (its request log, on the fake clock it was told),
+  and every record the source now has in it is stored under it with its version (records
   changed again later have moved to later windows, at the source and in the warehouse alike).
 
 What run storage, the checks, the alerts or the metrics say plays no part here: they are what
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 
 from dagster import DagsterInstance, RunsFilter, TimeWindowPartitionsDefinition
 from sqlalchemy import Boolean, Date, DateTime, Numeric, Table, select
@@ -78,11 +79,14 @@ class _StandinAnswers:
     what the source says, without the faults a test queued for the code location's runs."""
 
     def __init__(self, standin_server: StandinServer, source: str) -> None:
-        route = discover_endpoints()[source].route
-        self.state = standin_server.state.states[route]
+        self.route = discover_endpoints()[source].route
+        self.state = standin_server.state.states[self.route]
         self.url = standin_server.endpoint_url(source)
+        self.asked: list[dict[str, str]] = []
+        """The query of every request made, in order."""
 
     def get(self, params: dict[str, str] | None = None, path: str = "") -> HttpResponse:
+        self.asked.append(dict(params or {}))
         sub_path = "/" + path.lstrip("/") if path else ""
         served = self.state.serve(Request(sub_path, urlencode(params or {}), {}))
         assert served.reply.status == 200, (served.reply.status, served.reply.body[:300])
@@ -143,6 +147,22 @@ def ledger_fetched_at(spec: SourceSpec, key: str, warehouse_url: str) -> datetim
     return found if found is None or found.tzinfo else found.replace(tzinfo=UTC)
 
 
+def synced_after_close(spec: SourceSpec, key: str, standin_server: StandinServer) -> bool:
+    """Whether the source's stand-in answered a request for the window's first page (the
+    query its extract makes for it) at a (fake) instant after the window's close plus the
+    settle time: a sync from the first page that started after the window closed."""
+    asking = _StandinAnswers(standin_server, spec.name)
+    spec.extract(ExtractRequest(spec.name, key, asking, None))
+    first = {name: [value] for name, value in asking.asked[0].items()}
+    window = spec.partitions_def.time_window_for_partition_key(key)
+    closed = (window.end + spec.catch_up.settle).timestamp()
+    with standin_server.state.lock:
+        served = list(standin_server.state.requests)
+    return any(entry["route"] == asking.route and entry["status"] == 200
+               and entry.get("clock") is not None and entry["clock"] >= closed
+               and parse_qs(entry["query"]) == first for entry in served)
+
+
 def is_final(spec: SourceSpec, key: str, warehouse_url: str, standin_server: StandinServer,
              at: datetime) -> bool:
     """Whether the warehouse holds period ``key`` as the source gives it at ``at``."""
@@ -151,8 +171,7 @@ def is_final(spec: SourceSpec, key: str, warehouse_url: str, standin_server: Sta
         return False
     stored = stored_rows(spec, key, warehouse_url)
     if spec.load_mode is LoadMode.MERGE_BY_VERSION:
-        window = spec.partitions_def.time_window_for_partition_key(key)
-        return at >= window.end + spec.catch_up.settle and expected <= stored
+        return expected <= stored and synced_after_close(spec, key, standin_server)
     return ledger_has(spec, key, warehouse_url) and stored == expected
 
 

@@ -31,6 +31,7 @@ from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.fake_clock import fake_clock_environment
 from mostovik_pipelines_tests.support.graphql import DagsterGraphQL
 from mostovik_pipelines_tests.support.period_truth import (
+    Truth,
     is_final,
     ledger_fetched_at,
     truth_at,
@@ -137,8 +138,12 @@ class SignalsObserver:
     def look(self, label: str = "") -> Look:
         """What the operator is told now (the daemon's instant) against the truth."""
         # Everything is judged at the instant of the deadlines' sensor's tick that the check's
-        # state is from: the first to begin after now.
-        at = self._wait_for_deadlines_tick(self.calendar.daemon.now().astimezone(UTC))
+        # state is from: the first to begin after now. Runs may go on meanwhile: the truth is
+        # read before that tick and after every signal was, and what is told must be the truth
+        # at some moment in between, period by period.
+        now = self.calendar.daemon.now().astimezone(UTC)
+        before = self._truth(now)
+        at = self._wait_for_deadlines_tick(now)
         told = Told()
         for spec in self.sources:
             result = self.graphql.execute(CHECK_QUERY, {"assetKey": {"path": [spec.name]},
@@ -153,7 +158,7 @@ class SignalsObserver:
             told.fresh[spec.name] = info["freshnessStatus"] if info else None
         told.metrics_late = self._metrics_late(at)
         told.waiting = self._waiting(at)
-        disagreements = self._compare(at, told)
+        disagreements = self._compare(at, told, before, self._truth(at))
         look = Look(at, [f"{label} {at.isoformat(timespec='seconds')}: {d}"
                          for d in disagreements])
         self.looks.append(look)
@@ -216,29 +221,41 @@ class SignalsObserver:
 
     # --- the comparison --------------------------------------------------------------------------
 
-    def _compare(self, at: datetime, told: Told) -> list[str]:
+    def _truth(self, at: datetime) -> dict[str, Truth]:
+        return {spec.name: truth_at(self.calendar.daemon.instance, spec,
+                                    self.calendar.warehouse_url, self.standin_server, at)
+                for spec in self.sources}
+
+    def _compare(self, at: datetime, told: Told, before: dict[str, Truth],
+                 after: dict[str, Truth]) -> list[str]:
         found = []
-        instance = self.calendar.daemon.instance
         webhook = self.calendar.webhook
         alerts = {(alert["kind"], alert["source"] or "", alert["period"] or "")
                   for alert in webhook.alerts}
         for spec in self.sources:
-            truth = truth_at(instance, spec, self.calendar.warehouse_url, self.standin_server,
-                             at)
-            self.ever_late[spec.name] |= truth.late
             name = spec.name
-            if told.check_late[name] != truth.late:
-                found.append(f"{name}: the check names {sorted(told.check_late[name])} as "
-                             f"late, the truth {sorted(truth.late)}")
-            if told.check_red[name] != bool(truth.late):
+            truth = after[name]
+            # Due at the judged instant; late then if late before the look or after it.
+            settled = {key for key in truth.due if (key in truth.late) == (
+                key in before[name].late or key not in before[name].due)}
+            late = truth.late | {key for key in before[name].late if key in truth.due}
+            self.ever_late[name] |= truth.late
+            shown = told.check_late[name]
+            wrong = {key for key in truth.due if (key in shown) != (key in truth.late)
+                     and key in settled}
+            if wrong or shown - set(truth.due):
+                found.append(f"{name}: the check names {sorted(shown)} as late, the truth "
+                             f"{sorted(truth.late)} (before the look {sorted(before[name].late)})")
+            if told.check_red[name] != bool(shown):
                 found.append(f"{name}: the check is {'red' if told.check_red[name] else 'green'}"
-                             f" while {len(truth.late)} period(s) are late")
-            if truth.late and told.fresh[name] in ("HEALTHY",):
-                found.append(f"{name}: fresh ({told.fresh[name]}) while {sorted(truth.late)} "
+                             f" naming {sorted(shown)}")
+            if late and told.fresh[name] in ("HEALTHY",):
+                found.append(f"{name}: fresh ({told.fresh[name]}) while {sorted(late)} "
                              "are due and not final")
-            if told.metrics_late.get(name) != float(len(truth.late)):
-                found.append(f"{name}: mostovik_source_late_periods "
-                             f"{told.metrics_late.get(name)}, the truth {len(truth.late)}")
+            counted = told.metrics_late.get(name)
+            if counted is None or not len(truth.late) <= counted <= len(late):
+                found.append(f"{name}: mostovik_source_late_periods {counted}, the truth "
+                             f"{len(truth.late)}")
             listed = {period for source, period in told.waiting if source == name}
             if not truth.aged_out <= listed:
                 found.append(f"{name}: jobs list --waiting lacks the aged-out "
