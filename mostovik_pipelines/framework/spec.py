@@ -382,9 +382,6 @@ class SourceSpec:
                 f"({self.max_runtime_seconds}), or a run waiting its turn is failed as hung")
         if self.rows_per_commit < 1:
             raise ValueError(f"source {self.name}: rows_per_commit must be at least 1")
-        if self.deadline is not None and not isinstance(self.partitions_def,
-                                                        TimeWindowPartitionsDefinition):
-            raise ValueError(f"source {self.name}: a deadline needs time-window partitions")
         if self.tombstone_column is not None and self.tombstone_column not in columns:
             raise ValueError(f"source {self.name}: tombstone column {self.tombstone_column!r} "
                              f"is not in {self.table.name}")
@@ -428,6 +425,10 @@ def _refuse_implicit_rules(spec: SourceSpec) -> None:
             "such a row does: key_held_elsewhere=KeyHeldElsewhere.MOVE (it moves to the "
             "partition loading it: synced records) or KeyHeldElsewhere.REJECT (it goes to "
             "quarantine: two files claiming one line)")
+    if spec.deadline is not None and not isinstance(spec.partitions_def,
+                                                    TimeWindowPartitionsDefinition):
+        raise ValueError(f"{where}: a deadline needs time-window partitions (a file version "
+                         "is due when it arrives: declare none)")
     if spec.empty_payload_is_valid and (spec.shape is None or not spec.shape.records):
         raise ValueError(
             f"{where}: empty_payload_is_valid needs the records named in its shape "
