@@ -28,6 +28,12 @@ def test_a_check_evaluation_names_the_materialisation_it_checked():
     assert evaluation.target_materialization_data.storage_id == 7
 
 
+def test_a_check_executions_status_tells_a_failed_verdict_from_a_planned_one():
+    # operator/selection.py's --only differing reads the latest status of matches_source.
+    assert {status.value for status in compat.AssetCheckExecutionRecordStatus} >= {
+        "PLANNED", "SUCCEEDED", "FAILED"}
+
+
 def test_a_job_of_the_code_location_is_reconstructed_by_module_and_attribute():
     job = compat.ReconstructableRepository.for_module(
         "mostovik_pipelines", "defs").get_reconstructable_job("cbr_daily_rates_job")

@@ -1,15 +1,15 @@
 """alert_outbox: every alert is a row before it is posted, marked sent only once the webhook
 acknowledged it, so a webhook away for an hour loses none and a retried one doubles none
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
