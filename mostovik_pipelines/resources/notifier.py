@@ -64,12 +64,13 @@ class Alert:
     """Why they asked for it."""
     subject: str | None = None
     """What the alert is about within its kind and source (a change's fingerprint, a late
-    period); by default its run, else its period: with them, its idempotency key."""
+    period); by default its run and its period: with them, its idempotency key."""
 
     @property
     def idempotency_key(self) -> str:
         """The same thing alerted twice has the same key: it is written and sent once."""
-        key = f"{self.kind}:{self.source or '-'}:{self.subject or self.run_id or self.period}"
+        subject = self.subject or ":".join(part for part in (self.run_id, self.period) if part)
+        key = f"{self.kind}:{self.source or '-'}:{subject}"
         if len(key) <= KEY_LENGTH:
             return key
         return f"{key[:KEY_LENGTH - 17]}#{hashlib.sha256(key.encode()).hexdigest()[:16]}"

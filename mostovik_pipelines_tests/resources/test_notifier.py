@@ -56,7 +56,7 @@ def test_without_a_webhook_an_alert_is_a_log_line_kept_in_the_outbox(
         "ALERT run_failure: cbr_daily_rates [2026-11-04] failed: cbr_daily_rates [2026-11-04] "
         "extract: request rejected: HTTP 404 (http://127.0.0.1:3000/runs/abc)"]
     [row] = _rows(sqlite_warehouse_url)
-    assert (row["idempotency_key"], row["channel"]) == ("run_failure:cbr_daily_rates:abc", "log")
+    assert (row["idempotency_key"], row["channel"]) == ("run_failure:cbr_daily_rates:abc:2026-11-04", "log")
     assert row["sent_at"] is not None
 
 
@@ -70,7 +70,7 @@ def test_the_webhook_gets_the_alert_as_json_with_its_idempotency_key_once(
         "job_status": "failed", "error_class": "permanent", "error_kind": "request_rejected",
         "message": ALERT.message, "link": ALERT.link, "run_id": "abc",
         "code_location": "mostovik_pipelines", "requested_by": None, "reason": None,
-        "subject": None, "idempotency_key": "run_failure:cbr_daily_rates:abc",
+        "subject": None, "idempotency_key": "run_failure:cbr_daily_rates:abc:2026-11-04",
         "text": ALERT.summary()}]
     # The same alert again (a sensor evaluated twice, a lost cursor): written and sent once.
     assert notifier.notify(ALERT, log)
