@@ -56,7 +56,8 @@ def test_without_a_webhook_an_alert_is_a_log_line_kept_in_the_outbox(
         "ALERT run_failure: cbr_daily_rates [2026-11-04] failed: cbr_daily_rates [2026-11-04] "
         "extract: request rejected: HTTP 404 (http://127.0.0.1:3000/runs/abc)"]
     [row] = _rows(sqlite_warehouse_url)
-    assert (row["idempotency_key"], row["channel"]) == ("run_failure:cbr_daily_rates:abc:2026-11-04", "log")
+    assert (row["idempotency_key"], row["channel"]) == (
+        "run_failure:cbr_daily_rates:abc:2026-11-04", "log")
     assert row["sent_at"] is not None
 
 
