@@ -82,6 +82,11 @@ class EndpointState:
     def reset(self) -> None:
         """Forget what tests changed (``DELETE /_control/<route>``)."""
 
+    def learn_holidays(self, days: list[str]) -> None:
+        """The working days its source does not publish on, on top of weekends (``POST
+        /_control/<route>/holidays`` ``{"dates": ["2026-11-04"]}``). An endpoint whose source
+        does not follow a calendar ignores them."""
+
     def set_clock(self, at: datetime | None) -> None:
         """What the source has published by ``at`` is what it answers (``POST
         /_control/<route>/clock`` ``{"at": "2026-11-04T16:30:00+03:00" | null}``): a test on a

@@ -29,7 +29,8 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`.cli
   lists the requests hanging now (route, query as a fault's ``match`` reads it, since): what a
   test waits on before it acts.
 * ``<method> /_control/<route>/<name>``: an endpoint's own controls; ``DELETE
-  /_control/<route>`` forgets what tests changed in it; ``POST /_control/<route>/clock``
+  /_control/<route>`` forgets what tests changed in it; ``POST /_control/<route>/holidays``
+  ``{"dates": [...]}`` teaches it the days off its source keeps; ``POST /_control/<route>/clock``
   ``{"at": ISO instant | null}`` tells it the instant a fake-clock test runs at (what the source
   has published by then).
 * CBR: ``POST /_control/cbr/changes``, ``POST /_control/cbr/published_until``,
@@ -229,6 +230,9 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 elif method == "DELETE" and not name:
                     endpoint_state.reset()
                     result = {"reset": route}
+                elif (method, name) == ("POST", "holidays"):
+                    endpoint_state.learn_holidays(list(body.get("dates") or []))
+                    result = {"holidays": body.get("dates") or []}
                 elif (method, name) == ("POST", "clock"):
                     at = body.get("at")
                     instant = datetime.fromisoformat(at) if at else None

@@ -85,6 +85,10 @@ class CbrStandin(EndpointState):
         self._published_until: date | None = None
         self._holidays: frozenset[date] = frozenset()
 
+    def learn_holidays(self, days: list[str]) -> None:
+        with self._lock:
+            self._holidays = frozenset(date.fromisoformat(day) for day in days)
+
     def set_clock(self, at: datetime | None) -> None:
         """Published by ``at``: tomorrow's rates from 15:30, else today's."""
         with self._lock:
@@ -152,10 +156,6 @@ class CbrStandin(EndpointState):
         if (method, name) == ("POST", "published_until"):
             self.set_published_until(body.get("date"))
             return {"published_until": body.get("date")}
-        if (method, name) == ("POST", "holidays"):
-            with self._lock:
-                self._holidays = frozenset(date.fromisoformat(d) for d in body.get("dates", []))
-            return {"holidays": body.get("dates", [])}
         if (method, name) == ("DELETE", "changes"):
             self.reset()
             return {"cleared": "changes"}

@@ -102,9 +102,6 @@ class CbrMetalsStandin(EndpointState):
             with self._lock:
                 self._published_until = date.fromisoformat(day) if day else None
             return {"published_until": day}
-        if (method, name) == ("POST", "holidays"):
-            self.learn_holidays(body.get("dates") or [])
-            return {"holidays": body.get("dates") or []}
         if (method, name) == ("POST", "record_element"):
             with self._lock:
                 self._record_element = body.get("name") or "Record"
