@@ -15,10 +15,6 @@ from typing import Any
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
-from dagster._core.definitions.freshness import (
-    CronFreshnessPolicy,
-    TimeWindowFreshnessPolicy,
-)
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.events import EngineEventData, JobFailureData, RunFailureReason
 from dagster._core.execution.api import create_execution_plan
@@ -42,7 +38,6 @@ __all__ = [
     "AssetCheckExecutionRecordStatus",
     "BulkActionStatus",
     "BulkActionsFilter",
-    "CronFreshnessPolicy",
     "EngineEventData",
     "KnownExecutionState",
     "LoadableTargetOrigin",
@@ -53,7 +48,6 @@ __all__ = [
     "RemoteJobOrigin",
     "RemoteRepositoryOrigin",
     "RetryMode",
-    "TimeWindowFreshnessPolicy",
     "celery_executor_internals",
     "code_server_runs",
     "create_execution_plan",
