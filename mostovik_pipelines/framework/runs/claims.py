@@ -95,6 +95,14 @@ CLIENT_TIMEOUTS = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval":
                    "keepalives_count": 2, "tcp_user_timeout": 5000}
 """A holder cut off from the database notices it within seconds, not the system's default TCP
 timeouts (minutes): its check of the claim fails instead of hanging."""
+LEASE_SECONDS = 3.0
+"""How long after its claim's connection last answered (counted from when the question was sent)
+a holder writes without asking again (:meth:`_ClaimKeeper.ensure_held`). Another run counts this
+one dead only once its claim has stayed free for :data:`CLAIM_GONE_SECONDS`, and the claim was
+held when that answer was given, so no run can act on its partitions before
+``CLAIM_GONE_SECONDS - LEASE_SECONDS`` (7 s) after the lease ends: a write the lease let through
+commits well inside that margin. The keeper renews it every :data:`KEEPER_CHECK_SECONDS`, so a
+ranged run's writes (two a partition) rarely ask themselves; a lost claim ends it at once."""
 RETAKE_GRACE_SECONDS = 15.0
 """How long after the database started a free claim is not trusted as free: a keeper takes its
 claim again within a check and a reconnect (about 3 s) of the database answering."""
@@ -160,6 +168,17 @@ def ensure_run_claim(run_id: str) -> None:
         entry = _held.get(run_id)
     if entry is not None and isinstance(entry[1], _ClaimKeeper):
         entry[1].ensure_held()
+
+
+def lease_left(run_id: str) -> float:
+    """Seconds this process may still write for the run without asking whether it holds the
+    run's claim (:data:`LEASE_SECONDS`); 0 when it must ask (or holds no claim on PostgreSQL)."""
+    with _held_guard:
+        entry = _held.get(run_id)
+    keeper = entry[1] if entry is not None else None
+    if not isinstance(keeper, _ClaimKeeper) or keeper._leased_from is None:
+        return 0.0
+    return max(0.0, LEASE_SECONDS - (time.monotonic() - keeper._leased_from))
 
 
 class RunClaimRefused(ConfigurationError):
@@ -228,6 +247,9 @@ class _ClaimKeeper:
         self._connection: psycopg.Connection | None = None
         self._verified_at = time.monotonic()
         """When the claim was last known held (monotonic): its connection answered."""
+        self._leased_from: float | None = None
+        """When the last question its connection answered was sent (monotonic): the start of
+        the lease (:data:`LEASE_SECONDS`); None while the claim is not known held."""
         self._server_started: float | None = None
         self._lost_since: float | None = None
         """Last known held before the claim was lost, until a connection taken again has held
@@ -249,6 +271,7 @@ class _ClaimKeeper:
                                      connect_timeout=max(2, int(timeout)), **CLIENT_TIMEOUTS)
         try:
             connection.execute(KEEPALIVE_SETTINGS)
+            asked = time.monotonic()
             connection.execute("SELECT pg_advisory_lock_shared(%s)", (self._key,))
             server_clock, started = connection.execute(
                 "SELECT extract(epoch FROM clock_timestamp()), "
@@ -268,6 +291,7 @@ class _ClaimKeeper:
         self._connection = connection
         self._retaken_at = now if self._lost_since is not None else None
         self._verified_at = now
+        self._leased_from = asked
         self._server_started = float(started)
 
     def _gap_forgiven(self, server_clock: float, started: float) -> bool:
@@ -282,10 +306,13 @@ class _ClaimKeeper:
         """Whether the claim's connection still answers (so the claim is held); a connection
         that does not is closed and the claim counted lost from when it last answered."""
         if self._connection is None:
+            self._leased_from = None
             return False
+        asked = time.monotonic()
         try:
             self._connection.execute("SELECT 1")
         except psycopg.Error:
+            self._leased_from = None
             self._connection.close()
             self._connection = None
             if self._lost_since is None:
@@ -296,6 +323,7 @@ class _ClaimKeeper:
         if self._retaken_at is not None and now - self._retaken_at >= KEEPER_CHECK_SECONDS / 2:
             self._lost_since = self._retaken_at = None  # held through a check: healed
         self._verified_at = now
+        self._leased_from = asked
         return True
 
     def _keep(self) -> None:
@@ -327,8 +355,12 @@ class _ClaimKeeper:
         share, counted from when the claim last answered): nobody can count the run dead while
         nobody reaches the database. Once taken again, :meth:`_take` decides: within the grace
         of the loss, or of a restart of the database, the run goes on; else it is fenced
-        (others reached the database meanwhile)."""
+        (others reached the database meanwhile). Within the lease (:data:`LEASE_SECONDS`) of
+        its connection's last answer, the claim is known held without asking again."""
         with self._guard:
+            if (self._fenced is None and self._leased_from is not None
+                    and time.monotonic() - self._leased_from < LEASE_SECONDS):
+                return
             if self._fenced is None and not self._verify():
                 try:
                     ride_out(Store.RUN_STORAGE, self._take_unless_held, target=self._database,

@@ -22,9 +22,14 @@ from mostovik_pipelines.framework.errors import RunClaimLost, classify
 from mostovik_pipelines.framework.load.partition import load_partition
 from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.claims import (
+    CLAIM_GONE_SECONDS,
     FENCE_GRACE_SECONDS,
+    KEEPER_CHECK_SECONDS,
+    LEASE_SECONDS,
     _postgres_dsn,
+    ensure_run_claim,
     hold_run_claim,
+    lease_left,
     run_claim_gone,
     run_claim_held,
 )
@@ -130,6 +135,48 @@ def test_a_run_cut_off_from_its_claim_writes_nothing_once_another_run_took_over(
     assert list((tmp_path / "storage").rglob("run-2/extract/*"))
 
 
+def test_a_holder_cut_off_writes_only_within_its_lease_and_nobody_takes_over_before_it_ends(
+    run_storage, monkeypatch
+):
+    """The lease that lets a write go without asking for the claim (two round trips a
+    partition less) under the take-over rule: cut off from the run storage, the holder's
+    writes pass only until its lease, counted from when its connection last answered, ends;
+    another run counts it dead only after its claim stayed free for CLAIM_GONE_SECONDS, which
+    ends at least CLAIM_GONE_SECONDS - LEASE_SECONDS after the holder's last write passed."""
+    assert LEASE_SECONDS + KEEPER_CHECK_SECONDS <= CLAIM_GONE_SECONDS / 2
+    cut_off, others, link = run_storage
+    monkeypatch.setenv(OUTAGE_ENV, "12")  # how long a write waits for a claim it cannot take
+    passed: list[float] = []
+    refused: list[BaseException] = []
+
+    def write_until_refused() -> None:
+        while True:
+            try:
+                ensure_run_claim("run-1")
+            except RunClaimLost as lost:
+                refused.append(lost)
+                return
+            passed.append(time.monotonic())
+            time.sleep(0.05)
+
+    with hold_run_claim(cut_off, "run-1"):
+        wait_until(lambda: lease_left("run-1") > 0, 10, "the claim leased")
+        lease_ends = time.monotonic() + lease_left("run-1")
+        writer = threading.Thread(target=write_until_refused, daemon=True)
+        writer.start()
+        link.cut()
+        # Everyone else sees the claim free, and counts the run dead once it stayed free.
+        wait_until(lambda: run_claim_gone(others, "run-1"), 60, "run 1 counted dead")
+        taken_over_at = time.monotonic()
+        writer.join(60)
+    assert refused and "run-1" in str(refused[0])
+    last_write = max(passed)
+    # Its last write passed before the lease it had when cut off ended (it may have been
+    # renewed once more in flight: one keeper check), and long before anyone took over.
+    assert last_write <= lease_ends + KEEPER_CHECK_SECONDS + LEASE_SECONDS
+    assert taken_over_at - last_write >= CLAIM_GONE_SECONDS - LEASE_SECONDS
+
+
 def test_a_dropped_claim_connection_is_taken_again_and_no_other_run_acts_meanwhile(
     run_storage, pg_warehouse_url, postgres, tmp_path
 ):
@@ -182,6 +229,10 @@ def _write_through_a_restart(tmp_path, monkeypatch, database: str) -> None:
         with DagsterInstance.from_config(str(home)) as instance, hold_run_claim(instance, "run-1"):
             server.pause()
             down_at = time.monotonic()
+            # The lease its connection's last answer gave ends (the keeper finds it gone): from
+            # then on a write asks for the claim.
+            wait_until(lambda: lease_left("run-1") == 0, LEASE_SECONDS + KEEPER_CHECK_SECONDS + 5,
+                       "the claim's lease ended")
             back = threading.Timer(FENCE_GRACE_SECONDS + 4, server.resume)
             back.start()
             landing.land("cbr_daily_rates", DAY.isoformat(), b"90", content_type="text/plain",
