@@ -3,7 +3,11 @@
 * one partition run through ``dagster job execute`` next to an empty three-op job (the floor);
 * a year of daily partitions as Dagster runs a backfill with the source's policy (the CBR
   source's ``BackfillPolicy.single_run()``: one ranged run, ``dagster asset materialize
-  --partition-range``), next to one run per partition, extrapolated from a few such runs.
+  --partition-range``), then the same year already loaded, next to Dagster's events-only year
+  (the floor of a ranged year): ``repeat`` repetitions interleaved (the floor first in one,
+  last in the next), each year on a fresh warehouse database and a fresh instance, so that the
+  machine's load falls on both sides alike; and one run per partition, extrapolated from a few
+  such runs.
 
 Runs go against the local stand-in (``StandinServer``) and a migrated warehouse database on the
 throw-away PostgreSQL, with a fresh ``DAGSTER_HOME`` of each instance an operator runs them on:
@@ -63,14 +67,26 @@ class OrchestrationFigures:
     partition_run: list[float]
     per_partition_runs: list[float]
     backfill_partitions: int
-    backfill_seconds: float | None
+    backfill: list[float]
     backfill_rows: int
-    rerun_seconds: float | None
-    events_only_seconds: float | None = None
+    rerun: list[float]
+    events_only: list[float]
     """The same range of ``benchmarks.year_events``: Dagster recording what the year records,
     with no work."""
     imports: ImportFigures | None = None
     missing: str = ""
+
+    @property
+    def backfill_seconds(self) -> float:
+        return statistics.median(self.backfill)
+
+    @property
+    def rerun_seconds(self) -> float:
+        return statistics.median(self.rerun)
+
+    @property
+    def events_only_seconds(self) -> float:
+        return statistics.median(self.events_only)
 
     @property
     def per_partition_extrapolated(self) -> float:
@@ -185,18 +201,55 @@ def _measure_on(instance: str, server: ThrowawayPostgres, work_dir: Path, repeat
         log(f"{per_partition_runs} runs of one partition each")
         one_each = [_partition_run(key, env) for key in runs]
         keys = _days(date(2024, 1, 1), backfill_days)
-        log(f"backfill of {len(keys)} partitions {keys[0]}...{keys[-1]}")
-        backfill = _materialize_range(keys, env)
-        rows = _rows(server, warehouse, keys)
-        log("the same backfill again (every partition already loaded)")
-        rerun = _materialize_range(keys, env)
-        log("the same range recording the same events, with no work (Dagster's floor)")
-        events_only = _materialize_range(keys, env, module="benchmarks.year_events",
-                                         asset="ranged_year_events")
+        year = _measure_year(instance, server, work_dir, keys, repeat, env, log)
     finally:
         standin.stop()
     return OrchestrationFigures(instance, executor, floor, partition_run, one_each, len(keys),
-                                backfill, rows, rerun, events_only, import_figures)
+                                *year, import_figures)
+
+
+def _measure_year(instance: str, server: ThrowawayPostgres, work_dir: Path, keys: list[str],
+                  repeat: int, env: dict[str, str], log,
+                  ) -> tuple[list[float], int, list[float], list[float]]:
+    """The year's ranged run, the same year already loaded and Dagster's events-only year,
+    ``repeat`` times interleaved; each on a warehouse database and an instance of its own."""
+    backfill, rerun, events_only, rows = [], [], [], 0
+    for repetition in range(repeat):
+        cases = ("ours", "events-only") if repetition % 2 == 0 else ("events-only", "ours")
+        for case in cases:
+            database = f"{DATABASE}_{instance}_{case[:4]}_{repetition}"
+            year_env = _fresh_year(instance, server, work_dir / f"year_{case}_{repetition}",
+                                   database, env)
+            if case == "events-only":
+                log(f"year {repetition + 1} of {repeat}: the same range recording the same "
+                    "events, with no work (Dagster's floor)")
+                events_only.append(_materialize_range(
+                    keys, year_env, module="benchmarks.year_events", asset="ranged_year_events"))
+                continue
+            log(f"year {repetition + 1} of {repeat}: backfill of {len(keys)} partitions "
+                f"{keys[0]}...{keys[-1]}, then again (every partition already loaded)")
+            backfill.append(_materialize_range(keys, year_env))
+            rows = _rows(server, database, keys)
+            rerun.append(_materialize_range(keys, year_env))
+    return backfill, rows, rerun, events_only
+
+
+def _fresh_year(instance: str, server: ThrowawayPostgres, work_dir: Path, database: str,
+                env: dict[str, str]) -> dict[str, str]:
+    """A migrated warehouse database and a fresh ``DAGSTER_HOME`` (its run storage a database of
+    its own on production) for one year."""
+    with psycopg.connect(server.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {database}")
+        if instance == "production":
+            admin.execute(f"CREATE DATABASE {database}_runs")
+    migrate.upgrade(server.url(database))
+    dagster_home = work_dir / "dagster_home"
+    dagster_home.mkdir(parents=True)
+    (dagster_home / "dagster.yaml").write_text(
+        PRODUCTION_INSTANCE if instance == "production" else "telemetry:\n  enabled: false\n")
+    return {**env, "DAGSTER_HOME": str(dagster_home), "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
+            "MOSTOVIK_DATABASE_URL": server.url(database),
+            "BENCH_DAGSTER_PG_DB": f"{database}_runs"}
 
 
 def _empty_run(env: dict[str, str]) -> float:
