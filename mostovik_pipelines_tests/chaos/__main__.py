@@ -1,7 +1,7 @@
 """``python -m mostovik_pipelines_tests.chaos [--seed N] [--suites LIST] [--scenarios N]
 [--cli-share F] [--sync-scenarios N] [--file-scenarios N] [--platform-scenarios N]
 [--calendar-days N] [--calendar-lookback-days N] [--no-calendar-truth] [--keep]``
-(``make chaos``; see docs/notes/chaos.md)
+(``make chaos``; see docs/testing.md)
 
 Starts its own PostgreSQL and stand-in and runs every kind of job through the one harness
 (:mod:`.harness`), all from one seed:
