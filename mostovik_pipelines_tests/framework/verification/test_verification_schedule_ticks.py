@@ -19,12 +19,13 @@ from sqlalchemy import select, text
 
 from mostovik_pipelines.framework.verification.check import verification_check_key
 from mostovik_pipelines.framework.verification.schedule import VERIFY_SOURCES_SETTING
+from mostovik_pipelines.resources.alert_outbox import MAX_BACKOFF
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.warehouse.schema import alert_outbox
 from mostovik_pipelines_tests.support.fake_clock import schedule_ticks
 from mostovik_pipelines_tests.support.schedule_calendar import Calendar, moscow
-from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
+from mostovik_pipelines_tests.support.waiting import limit_for, wait_until
 from mostovik_pipelines_tests.support.warehouse import table_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -67,9 +68,10 @@ def test_the_verification_schedule_ticked_by_the_daemon_alerts_each_differing_da
     assert _alerts(cal) == []
 
     cal.webhook.down = False  # the daemon's alert_outbox sensor delivers what waits
+    interval = int(cal.daemon.environment["MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS"])
     wait_until(lambda: all(row["sent_at"] is not None for row in _outbox(cal)),
-               PROCESS_START_MARGIN_SECONDS, "the verification alerts delivered from the outbox",
-               cal.daemon.log_tail)
+               MAX_BACKOFF.total_seconds() + limit_for(interval),
+               "the verification alerts delivered from the outbox", cal.daemon.log_tail)
     alerts = {alert["period"]: alert for alert in _alerts(cal)}
     assert sorted(alerts) == [EDITED, CORRECTED]
     assert "USD value" in alerts[EDITED]["message"]
