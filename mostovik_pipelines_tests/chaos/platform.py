@@ -52,6 +52,7 @@ import httpx
 import yaml
 from dagster import DagsterEventType, RunsFilter
 
+from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
 from mostovik_pipelines_tests.chaos.platform_budget import (
@@ -64,6 +65,17 @@ from mostovik_pipelines_tests.chaos.platform_budget import (
 from mostovik_pipelines_tests.chaos.platform_claims import CLAIM_KINDS, SCENARIO_TAG, claim_scenario
 from mostovik_pipelines_tests.chaos.platform_deployment import PlatformEnvironment
 from mostovik_pipelines_tests.chaos.platform_host import HOST, hold_fetch, lose_host
+from mostovik_pipelines_tests.chaos.platform_layout import (
+    DEPLOY,
+    FAULT_LENGTHS,
+    HELD_KINDS,
+    LAYOUT_KINDS,
+    LONG_LAYOUT_KINDS,
+    OBJECT_STORE,
+    STORE_PAST_BUDGET,
+    layout_fault,
+    store_outage_manner,
+)
 from mostovik_pipelines_tests.chaos.platform_totals import (
     PlatformTotals,
     platform_faults,
@@ -94,10 +106,13 @@ from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECOND
 from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS
 
 KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, "disk_full", *CLAIM_KINDS,
-         PAST_BUDGET)
-LONG_KINDS = (PAST_BUDGET,)
-"""Kinds whose fault outlasts the outage budget (over a minute and a half): ``make chaos``'s,
-not ``make test``'s fixed-seed run."""
+         PAST_BUDGET, *LAYOUT_KINDS)
+LONG_KINDS = (PAST_BUDGET, *LONG_LAYOUT_KINDS)
+"""Kinds whose fault outlasts the outage budget (over a minute and a half) or takes minutes to
+judge: ``make chaos``'s, not ``make test``'s fixed-seed run."""
+MAY_DIE = (HOST, "daemon", PAST_BUDGET, *HELD_KINDS)
+"""Kinds after which a run may be dead (or failed past a budget), ridden out by its one
+retry."""
 ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
@@ -109,7 +124,7 @@ setting): after a lost daemon the judge waits this much longer, for such a run a
 BOUND_SECONDS = 60.0
 """The outage the deployment promises to ride out: each store's first outage lasts this long
 when the range reaches it (later ones are drawn from the range)."""
-BOUNDED_KINDS = ("warehouse", "run_storage", "broker")
+BOUNDED_KINDS = ("warehouse", "run_storage", "broker", OBJECT_STORE)
 OUTAGE_SECONDS = (3.0, BOUND_SECONDS)
 CELERY_GIVES_UP_SECONDS = 25.0
 """Past this, a step submitted while Redis is away meets Celery's result consumer giving up its
@@ -120,12 +135,14 @@ the outage)."""
 class PlatformSuite:
     def __init__(self, platform: PlatformEnvironment, seed: int,
                  outage_seconds: tuple[float, float] = OUTAGE_SECONDS, log=print,
-                 long_faults: bool = True) -> None:
+                 long_faults: bool = True, kinds: tuple[str, ...] | None = None) -> None:
         self.platform = platform
+        unknown = set(kinds or ()) - set(KINDS)
+        assert not unknown, f"no such platform kinds: {sorted(unknown)}; the kinds: {KINDS}"
         self.kinds = tuple(
             kind for kind in KINDS if (kind != "disk_full" or platform.disk is not None)
             and (kind != "claim_cut" or os.geteuid() == 0)  # ss -K needs root
-            and (long_faults or kind not in LONG_KINDS))
+            and (long_faults or kind not in LONG_KINDS) and (kinds is None or kind in kinds))
         self.chaos = platform.chaos
         self.seed = seed
         self.outage_seconds = outage_seconds
@@ -151,7 +168,7 @@ class PlatformSuite:
             return claim_scenario(self, number, kind)
         rng = random.Random(f"{self.seed}:platform:{number}")
         started = time.monotonic()
-        backfill = rng.random() < 0.5
+        backfill = kind == DEPLOY or (kind != STORE_PAST_BUDGET and rng.random() < 0.5)
         if backfill:
             first = rng.randrange(len(self.pool) - 1)
             days = sorted(self.pool[first:first + rng.randint(1, 2)])
@@ -162,8 +179,9 @@ class PlatformSuite:
             self.chaos.standin.change_cbr_rates(day, set_values={
                 code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
         outage = rng.uniform(*self.outage_seconds)
-        point = ("before" if kind == "disk_full" else "fetching" if kind in (HOST, PAST_BUDGET)
-                 else rng.choice(("queued", "running")))
+        held_kind = kind in (HOST, PAST_BUDGET, *HELD_KINDS)
+        point = ("before" if kind == "disk_full" else "fetching" if held_kind
+                 else "running" if kind == DEPLOY else rng.choice(("queued", "running")))
         if kind == PAST_BUDGET:
             outage = past_budget_outage_seconds()
         if (kind == "broker" and not self.totals.faults[kind]
@@ -173,14 +191,18 @@ class PlatformSuite:
         if (kind in BOUNDED_KINDS and not self.totals.faults[kind]
                 and self.outage_seconds[1] >= BOUND_SECONDS):
             outage = BOUND_SECONDS  # the promise, to the letter, once per store
-        length = "until-written" if kind == "disk_full" else f"{outage:.0f}s"
-        notes = [kind, f"{length}@{point}", "backfill" if backfill else "runs",
+        if kind == OBJECT_STORE and not self.totals.faults[kind]:
+            outage = BOUND_SECONDS  # make test's short range too: its one 60 s of the store
+        manner = store_outage_manner(self, number) if kind == OBJECT_STORE else ""
+        length = FAULT_LENGTHS.get(kind) or f"{outage:.0f}s"
+        notes = [kind + (f"({manner})" if manner else ""), f"{length}@{point}",
+                 "backfill" if backfill else "runs",
                  f"{partitions[0]}..{partitions[-1]}({len(partitions)})"]
 
         tag = {SCENARIO_TAG: f"{self.seed}:{number}"}
         if kind == "disk_full":
             fill(self.platform.disk)
-        held = hold_fetch(self, partitions) if kind in (HOST, PAST_BUDGET) else None
+        held = hold_fetch(self, partitions) if held_kind else None
         dead_before, logs_before = self.totals.dead_runs_retried, log_sizes(self)
         if backfill:
             self.backfills.append(self.graphql.launch_partition_backfill([ASSET], partitions,
@@ -194,16 +216,17 @@ class PlatformSuite:
             time.sleep(rng.uniform(0, 3))
         problems = (lose_host(self, outage, tag, held) if kind == HOST
                     else storage_away_past_budget(self, tag, held) if kind == PAST_BUDGET
-                    else self._inject(kind, outage, tag))
+                    else layout_fault(self, kind, outage, tag, held, manner)
+                    if kind in LAYOUT_KINDS else self._inject(kind, outage, tag))
         self.totals.faults[kind] += 1
         self.totals.points[point] += 1
-        if kind != "disk_full":
+        if kind not in FAULT_LENGTHS:
             self.totals.longest_outage[kind] = max(outage,
                                                    self.totals.longest_outage.get(kind, 0))
 
         problems += self._judge(tag, partitions, expected_runs=None if backfill else len(days),
                                 backfill_id=self.backfills[-1] if backfill else None,
-                                runs_may_die=kind in (HOST, "daemon", PAST_BUDGET))
+                                runs_may_die=kind in MAY_DIE)
         if kind == PAST_BUDGET:
             problems += gave_up_problems(self, dead_before, logs_before)
         self.totals.scenarios += 1
@@ -268,8 +291,11 @@ class PlatformSuite:
         for run in runs:
             if (runs_may_die and run.status == "FAILURE" and retries[run.run_id] == 1
                     and run.run_id in succeeded):
-                if "to start" in str(self._quietly(self.graphql.run_errors, run.run_id)):
+                errors = str(self._quietly(self.graphql.run_errors, run.run_id))
+                if "to start" in errors:
                     self.totals.stuck_launches_retried += 1
+                elif OUTAGE_SETTING in errors:
+                    self.totals.past_store_budget_retried += 1
                 else:
                     self.totals.dead_runs_retried += 1
             elif run.status != "SUCCESS":
@@ -317,7 +343,7 @@ class PlatformSuite:
         daemon that exited meanwhile is started again, as its supervisor does."""
         deadline = time.monotonic() + limit
         while True:
-            for name in self.platform.services.revive(SUPERVISOR_RESTART_SECONDS):
+            for name in self.platform.revive(SUPERVISOR_RESTART_SECONDS):
                 self.totals.revived[name] += 1
                 self.log(f"    {name} had exited: started again")
             result = self._quietly(check)
@@ -401,9 +427,11 @@ def _partitions_of(run: RunInfo) -> tuple[str, ...]:
 def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed: int,
                        scenarios: int, outage_seconds: tuple[float, float] = OUTAGE_SECONDS,
                        template: str | None = None, log=print,
-                       tally: Tally | None = None, long_faults: bool = True) -> PlatformTotals:
+                       tally: Tally | None = None, long_faults: bool = True,
+                       kinds: tuple[str, ...] | None = None) -> PlatformTotals:
     """Start the deployment, run ``scenarios`` scenarios, print the summary (and, per scenario
-    and fault, ``tally`` them); without ``long_faults``, none of :data:`LONG_KINDS`."""
+    and fault, ``tally`` them); without ``long_faults``, none of :data:`LONG_KINDS`; with
+    ``kinds``, only those."""
     started = time.monotonic()
     chaos = ChaosEnvironment(postgres=postgres, standin_server=standin_server, template=template)
     try:
@@ -414,7 +442,7 @@ def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed:
                 + (f" (no full-disk faults: {platform.disk_refused})"
                    if platform.disk_refused else ""))
             suite = PlatformSuite(platform, seed, outage_seconds, log=log,
-                                  long_faults=long_faults)
+                                  long_faults=long_faults, kinds=kinds)
             if tally is not None:
                 tallied(suite, "platform", tally, platform_faults, platform_findings)
             totals = suite.run(scenarios)
