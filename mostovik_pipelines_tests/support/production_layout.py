@@ -93,13 +93,14 @@ class Host:
 
 class ProductionLayout:
     """The layout's hosts and processes over the given run storage, Redis and object store;
-    ``settings`` are the env file's other lines (the warehouse, the sources)."""
+    ``settings`` are the env file's other lines (the warehouse, the sources); ``buckets`` are
+    created besides the two stores'."""
 
     def __init__(self, root: Path, run_storage: ThrowawayPostgres, redis: ThrowawayRedis,
                  store: S3Front, settings: Mapping[str, str], *,
                  workers: Sequence[str] = ("worker-a", "worker-b"),
-                 stopped_schedules: Sequence[str] = (), database: str = "dagster_production"
-                 ) -> None:
+                 stopped_schedules: Sequence[str] = (), database: str = "dagster_production",
+                 buckets: Sequence[str] = ()) -> None:
         self.root = root
         self.run_storage = run_storage
         self.redis = redis
@@ -125,7 +126,7 @@ class ProductionLayout:
             "PYTHONPATH": os.pathsep.join([str(self.release_dir), str(REPO)]),
             **settings,
         }
-        for bucket in (LANDING_BUCKET, OUTPUTS_BUCKET):
+        for bucket in (LANDING_BUCKET, OUTPUTS_BUCKET, *buckets):
             store.bucket(bucket)
         instance_yaml = instance_home / "dagster.yaml"
         self._instance_yaml = instance_yaml
