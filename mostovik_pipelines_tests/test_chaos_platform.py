@@ -27,10 +27,9 @@ def test_each_part_we_stand_on_restarted_under_live_runs_is_ridden_out_to_exact_
     postgres, standin_server
 ):
     # The run storage away past the budget (over 90 s) is make chaos's; make test has it on
-    # `dagster job execute` (test_production_instance.py). The landing store is a bucket: no
-    # disk to fill (make test fills one in framework/test_retries.py).
-    kinds = [kind for kind in KINDS if kind != "disk_full"
-             and (kind != "claim_cut" or os.geteuid() == 0) and kind not in LONG_KINDS]
+    # `dagster job execute` (test_production_instance.py).
+    kinds = [kind for kind in KINDS
+             if (kind != "claim_cut" or os.geteuid() == 0) and kind not in LONG_KINDS]
     totals = run_platform_chaos(postgres, standin_server, SEED, len(kinds),
                                 outage_seconds=OUTAGE_SECONDS, template=TEMPLATE_DB,
                                 long_faults=False)

@@ -1,9 +1,10 @@
 """Faults of the parts we stand on, at random, under the production deployment (ADR-011's
 infrastructure faults).
 
-The deployment is the runbook's, on this machine: deploy/dagster.yaml on a PostgreSQL server of
-its own (run storage), the warehouse, a persistent password-protected Redis as Celery broker and
-result backend, two Celery workers, the webserver and the daemon. A scenario launches partitions
+The deployment is the runbook's production layout, on this machine (:mod:`.platform_deployment`):
+one code server, the webserver and the daemon over deploy/workspace.yaml on an orchestrating
+host, two Celery worker hosts, deploy/dagster.yaml on a PostgreSQL server of its own, a
+persistent password-protected Redis, the stores in S3 API buckets. A scenario launches partitions
 of the CBR source as an operator does in the UI (a backfill, which is one ranged run, or a run
 per partition through the run queue), after a random change of some of their rates, and while
 its runs are queued or running brings one part down for a random outage:
@@ -17,11 +18,11 @@ its runs are queued or running brings one part down for a random outage:
 * ``daemon``: dagster-daemon is killed (SIGKILL), then started again. A run it was launching
   as it died can stay "starting" with no process: Dagster's run monitoring fails it after
   ``start_timeout_seconds`` (deploy/dagster.yaml, 300 s), and its one retry must succeed;
-* ``host``: the daemon killed with its code servers and run workers, as a lost host, while a
-  step is held on a worker (:mod:`.platform_host`); the dead run must be marked failed while
+* ``host``: the orchestrating host lost (the daemon, the code server and its run workers) while
+  a step is held on a worker (:mod:`.platform_host`); the dead run must be marked failed while
   that step goes on, and its one retry succeed;
-* ``disk_full``: the landing store's disk is full from before the launch until a run's first
-  write to it has failed, then freed (only as root, which can mount a small disk);
+* ``code_server``, ``deploy``, ``worker_host``, ``object_store``, ``object_store_past_budget``:
+  the production layout's own parts (:mod:`.platform_layout`);
 * ``run_storage_past_budget``: the run storage away longer than a run rides out, under a run's
   step let go from its fetch (:mod:`.platform_budget`, ``make chaos`` only): the run gives up
   naming the setting, is marked dead once the database is back, and its one retry succeeds;
@@ -50,7 +51,7 @@ from pathlib import Path
 
 import httpx
 import yaml
-from dagster import DagsterEventType, RunsFilter
+from dagster import DagsterEventType
 
 from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
@@ -90,10 +91,6 @@ from mostovik_pipelines_tests.chaos.scenarios import (
     random_rate,
 )
 from mostovik_pipelines_tests.chaos.tally import Tally, tallied
-from mostovik_pipelines_tests.support.disk import (
-    fill,
-    free,
-)
 from mostovik_pipelines_tests.support.graphql import (
     BACKFILL_LIMIT_SECONDS,
     TERMINAL_BACKFILL_STATUSES,
@@ -105,7 +102,7 @@ from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
 from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS
 
-KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, "disk_full", *CLAIM_KINDS,
+KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, *CLAIM_KINDS,
          PAST_BUDGET, *LAYOUT_KINDS)
 LONG_KINDS = (PAST_BUDGET, *LONG_LAYOUT_KINDS)
 """Kinds whose fault outlasts the outage budget (over a minute and a half) or takes minutes to
@@ -140,8 +137,7 @@ class PlatformSuite:
         unknown = set(kinds or ()) - set(KINDS)
         assert not unknown, f"no such platform kinds: {sorted(unknown)}; the kinds: {KINDS}"
         self.kinds = tuple(
-            kind for kind in KINDS if (kind != "disk_full" or platform.disk is not None)
-            and (kind != "claim_cut" or os.geteuid() == 0)  # ss -K needs root
+            kind for kind in KINDS if (kind != "claim_cut" or os.geteuid() == 0)  # ss -K needs root
             and (long_faults or kind not in LONG_KINDS) and (kinds is None or kind in kinds))
         self.chaos = platform.chaos
         self.seed = seed
@@ -180,7 +176,7 @@ class PlatformSuite:
                 code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
         outage = rng.uniform(*self.outage_seconds)
         held_kind = kind in (HOST, PAST_BUDGET, *HELD_KINDS)
-        point = ("before" if kind == "disk_full" else "fetching" if held_kind
+        point = ("fetching" if held_kind
                  else "running" if kind == DEPLOY else rng.choice(("queued", "running")))
         if kind == PAST_BUDGET:
             outage = past_budget_outage_seconds()
@@ -200,8 +196,6 @@ class PlatformSuite:
                  f"{partitions[0]}..{partitions[-1]}({len(partitions)})"]
 
         tag = {SCENARIO_TAG: f"{self.seed}:{number}"}
-        if kind == "disk_full":
-            fill(self.platform.disk)
         held = hold_fetch(self, partitions) if held_kind else None
         dead_before, logs_before = self.totals.dead_runs_retried, log_sizes(self)
         if backfill:
@@ -242,13 +236,6 @@ class PlatformSuite:
 
     def _inject(self, kind: str, outage: float, tag: dict[str, str]) -> list[str]:
         platform = self.platform
-        if kind == "disk_full":
-            # Full until a write met it (an extract retried), then freed at once.
-            self.totals.disk_full_hits += bool(self._wait_for(
-                lambda: self._retried(tag) or self._finished(tag),
-                what="a write to the full disk") and self._retried(tag))
-            free(platform.disk)
-            return []
         down, up = {
             "warehouse": (self.chaos.postgres.pause, self.chaos.postgres.resume),
             "run_storage": (platform.run_storage.pause, platform.run_storage.resume),
@@ -366,10 +353,6 @@ class PlatformSuite:
         runs = self.graphql.runs({"tags": [{"key": k, "value": v} for k, v in tag.items()]})
         return [run for run in runs if run.status == "STARTED"] if started else runs
 
-    def _finished(self, tag: dict[str, str]) -> bool:
-        runs = self.runs_tagged(tag)
-        return bool(runs) and all(run.status in TERMINAL_RUN_STATUSES for run in runs)
-
     def _all_finished(self, tag: dict[str, str], partitions: tuple[str, ...],
                       expected_runs: int | None) -> list[RunInfo] | None:
         """The scenario's runs once all are finished and, but for a failed one, cover its
@@ -389,12 +372,6 @@ class PlatformSuite:
         info = self.graphql.backfill_status(backfill_id)
         if info.status in TERMINAL_BACKFILL_STATUSES and info.status != "COMPLETED_SUCCESS":
             raise AssertionError(f"backfill {backfill_id} {info.status}: {info.error}"[:3000])
-
-    def _retried(self, tag: dict[str, str]) -> bool:
-        with self.platform.instance() as instance:
-            return any(instance.get_records_for_run(
-                run.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY).records
-                for run in instance.get_runs(RunsFilter(tags=tag)))
 
     def _materialisations(self, runs: list[RunInfo]) -> dict[str, Counter]:
         """Per run, how many times it materialised each partition."""
@@ -438,9 +415,7 @@ def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed:
         platform = PlatformEnvironment(chaos)
         try:
             log(f"platform chaos: seed {seed}, {scenarios} scenarios; deployment up in "
-                f"{time.monotonic() - started:.0f} s"
-                + (f" (no full-disk faults: {platform.disk_refused})"
-                   if platform.disk_refused else ""))
+                f"{time.monotonic() - started:.0f} s")
             suite = PlatformSuite(platform, seed, outage_seconds, log=log,
                                   long_faults=long_faults, kinds=kinds)
             if tally is not None:

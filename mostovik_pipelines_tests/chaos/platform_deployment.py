@@ -21,8 +21,6 @@ from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.production_layout import ProductionLayout
 from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 
-NO_DISK = "the landing store is a bucket of the object store (the production layout)"
-
 
 class PlatformEnvironment:
     """The production layout over a chaos environment's warehouse and stand-in."""
@@ -34,8 +32,6 @@ class PlatformEnvironment:
         self.run_storage = ThrowawayPostgres().start()
         self.redis = ThrowawayRedis(persistent=True).start()
         self.store = S3Front().start()
-        self.disk: Path | None = None
-        self.disk_refused = NO_DISK
         self.layout: ProductionLayout | None = None
         try:
             self.layout = ProductionLayout(

@@ -55,7 +55,7 @@ HELD_KINDS = (CODE_SERVER, WORKER_HOST, STORE_PAST_BUDGET)
 LONG_LAYOUT_KINDS = (CODE_SERVER, DEPLOY, WORKER_HOST, STORE_PAST_BUDGET)
 """Kinds of ``make chaos`` only (each takes minutes: a worker watch, a dead run and its retry,
 a deploy, an outage past the budget); ``make test`` has the object store's 60 s."""
-FAULT_LENGTHS = {"disk_full": "until-written", CODE_SERVER: "restarted-5s", DEPLOY: "release",
+FAULT_LENGTHS = {CODE_SERVER: "restarted-5s", DEPLOY: "release",
                  WORKER_HOST: "lost", STORE_PAST_BUDGET: "until-given-up"}
 """A scenario line's length of the faults whose length is not a drawn outage."""
 WORKER_LOST_SECONDS = 60.0

@@ -16,7 +16,7 @@ class PlatformTotals:
     longest_outage: dict[str, float] = field(default_factory=dict)
     points: Counter = field(default_factory=Counter)
     """Where the faults began: ``queued`` (right after the launch), ``running`` (a run had
-    started), ``before`` (a full disk, before the launch)."""
+    started), ``fetching`` (a step held in its fetch)."""
     launches: Counter = field(default_factory=Counter)
     runs: int = 0
     failed_runs: int = 0
@@ -38,8 +38,6 @@ class PlatformTotals:
     left_unfinished: int = 0
     revived: Counter = field(default_factory=Counter)
     """The webserver or the daemon found exited and started again, as systemd does."""
-    disk_full_hits: int = 0
-    """Full-disk faults a run's write met (a retried extract)."""
     partitions: int = 0
     differences: int = 0
     duplicates: int = 0
@@ -69,7 +67,6 @@ def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:
         f"{totals.partitions} partitions",
         f"  faults per kind:      {outages}",
         f"  where they began:     {_counts(totals.points)}",
-        f"  full disks met by a write (an extract retried): {totals.disk_full_hits}",
         f"  object store outages met by a run: {totals.store_outages_met} of "
         f"{totals.faults['object_store']}",
         f"  webserver or daemon exited, started again by the supervisor: "
