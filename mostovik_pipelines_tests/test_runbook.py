@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,9 +95,14 @@ class Machine:
                            for line in lines).replace("<repo>", str(self.origin))
         if session and not lines[0].startswith(SESSION):
             script = f"{self.session}\n{script}"
+        started = time.monotonic()
         typed = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd="/",
                                env=self.shell_environment, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, timeout=timeout)
+        shown = [line for line in typed.stdout.splitlines() if "WARNING: Location" not in line]
+        print(f"\n{DOCUMENT}, block {index + 1} of {len(self.blocks)} ({len(lines)} commands, "
+              f"exit {typed.returncode}, {time.monotonic() - started:.0f} s):\n  $ "
+              + "\n  $ ".join(lines) + "\n  " + "\n  ".join(shown[-6:]))
         assert typed.returncode == 0, (f"{DOCUMENT}: the block starting `{lines[0]}` exited "
                                        f"{typed.returncode}:\n{typed.stdout[-5000:]}")
         self.ran.add(index)
