@@ -26,6 +26,8 @@ from mostovik_pipelines.metrics.command import metrics
 from mostovik_pipelines.operator.commands import jobs
 from mostovik_pipelines.operator.console import fail as _fail
 from mostovik_pipelines.operator.console import instance_of_home as _instance
+from mostovik_pipelines.operator.tracker import tracker
+from mostovik_pipelines.operator.verify import verify
 from mostovik_pipelines.settings import resolved_database_url
 
 
@@ -225,6 +227,8 @@ def stores_check(create: bool) -> None:
 
 main.add_command(jobs)
 main.add_command(metrics)
+main.add_command(verify)
+main.add_command(tracker)
 
 if __name__ == "__main__":
     main()

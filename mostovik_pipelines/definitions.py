@@ -20,6 +20,7 @@ from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY, alert_sensors
 from mostovik_pipelines.framework.runs.dead_runs import dead_runs_sensor
 from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.framework.verification.check import verification_check_key
 from mostovik_pipelines.maintenance.job import maintenance_definitions
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.notifier import AlertNotifierResource
@@ -54,7 +55,8 @@ def build_code_location(
     """The code location; ``resources`` replaces defaults by key (tests, tools)."""
     return Definitions.merge(
         *(build_source_definitions(spec) for spec in sources),
-        maintenance_definitions([check.key for spec in sources for check in check_specs(spec)]),
+        maintenance_definitions([*(check.key for spec in sources for check in check_specs(spec)),
+                                 *(verification_check_key(spec) for spec in sources)]),
         Definitions(
             sensors=[*alert_sensors(sources), dead_runs_sensor(sources)],
             resources={**default_resources(sources), **(resources or {})},

@@ -89,6 +89,7 @@ def test_the_workspace_file_loads_the_code_location_as_dagster_dev_does():
 
 def test_every_source_asset_reads_well_in_the_asset_graph():
     from mostovik_pipelines.framework.quality.checks import partition_checks
+    from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
     from mostovik_pipelines.sources import ALL_SOURCES
 
     for spec in ALL_SOURCES:
@@ -101,7 +102,7 @@ def test_every_source_asset_reads_well_in_the_asset_graph():
         schema = asset_spec.metadata["dagster/column_schema"]
         assert [c.name for c in schema.columns] == list(spec.table.columns.keys())
         assert {key.name for key in asset.check_keys} == {
-            check.name for check in partition_checks(spec)}
+            *(check.name for check in partition_checks(spec)), MATCHES_SOURCE}
         assert all(check_spec.partitions_def == spec.partitions_def
                    for check_spec in asset.check_specs)
         assert asset_spec.freshness_policy == spec.freshness_policy

@@ -1,7 +1,7 @@
 """`mostovik new-source`: what it writes for each kind of source passes its tests at once, honours
-the whole contract, is lint-clean, its migration imports nothing of the project, and it changes
-no file that existed: a source is new files only. Run on a copy of the repository, so the real
-one is never touched."""
+the whole contract, is verified and rebuilt from the ledger like every source, is lint-clean, its
+migration imports nothing of the project, and it changes no file that existed: a source is new
+files only. Run on a copy of the repository, so the real one is never touched."""
 
 from __future__ import annotations
 
@@ -85,10 +85,12 @@ def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_
     tests = [f"mostovik_pipelines_tests/sources/{name}/test_{name}.py" for name in KINDS]
     contract = "mostovik_pipelines_tests/test_source_contract.py"
     bad_input = "mostovik_pipelines_tests/test_bad_input.py"  # the scaffolded corpus cases
+    # Verified against its source and its landed payload, and rebuilt from the ledger.
+    verification = "mostovik_pipelines_tests/framework/verification/test_every_source.py"
     selected = " or ".join(KINDS)
     tested = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
                    f"{contract}::test_every_source_honours_the_whole_contract", bad_input,
-                   "-k", selected], copy, timeout=600)
+                   verification, "-k", selected], copy, timeout=600)
     assert tested.returncode == 0, tested.stdout[-5000:]
     assert " passed" in tested.stdout and "failed" not in tested.stdout
 

@@ -32,6 +32,7 @@ from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from mostovik_pipelines.definitions import defs
 from mostovik_pipelines.framework.quality.checks import partition_checks
 from mostovik_pipelines.framework.spec import TransformRequest
+from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
 from mostovik_pipelines.maintenance.job import PRUNE_JOB, PRUNE_SCHEDULE
 from mostovik_pipelines.maintenance.policy import RetentionPolicy
 from mostovik_pipelines.maintenance.prune import prune
@@ -151,14 +152,17 @@ def test_the_code_location_loads_with_its_assets_checks_jobs_schedules_and_senso
     assert contents.schedules == {
         PRUNE_SCHEDULE: "RUNNING",
         **{f"{name}_schedule": "STOPPED" if name == STALE_SOURCE else "RUNNING"
-           for name, spec in SPECS.items() if spec.schedule}}
+           for name, spec in SPECS.items() if spec.schedule},
+        # The scheduled verifications are off unless MOSTOVIK_VERIFY_SOURCES names a source.
+        **{f"{name}_verification": "STOPPED" for name in SPECS}}
     assert PRUNE_JOB in contents.jobs
     assert SCHEDULE in contents.schedules
     assert contents.sensors == {
         **{f"{name}_inbox_sensor": "RUNNING" for name, spec in SPECS.items() if spec.sensor},
         **{name: "RUNNING" for name in ALERT_SENSORS}, "dead_runs": "RUNNING"}
     assert contents.asset_checks == sorted(
-        f"{name}:{check}" for name, checks in CHECKS.items() for check in checks)
+        f"{name}:{check}" for name, checks in CHECKS.items()
+        for check in [*checks, MATCHES_SOURCE])
     daemons = services.graphql.daemon_statuses()
     for daemon in ("QUEUED_RUN_COORDINATOR", "BACKFILL", "SENSOR", "SCHEDULER",
                    "FRESHNESS_DAEMON"):

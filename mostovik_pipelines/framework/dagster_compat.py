@@ -30,6 +30,7 @@ from dagster._core.remote_origin import (
     RemoteJobOrigin,
     RemoteRepositoryOrigin,
 )
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 from dagster._core.storage.tags import RUN_KEY_TAG
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
@@ -37,6 +38,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 __all__ = [
     "RUN_KEY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
+    "AssetCheckExecutionRecordStatus",
     "BulkActionStatus",
     "BulkActionsFilter",
     "CronFreshnessPolicy",

@@ -67,6 +67,9 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
             since=since.replace(tzinfo=UTC) if since else None,
             limit=limit, sources=ALL_SOURCES,
         )
+    if not (stuck or waiting or since) and status in (None, "completed"):
+        found = _with_recorded_loads(instance, found, source, job_type, period_from, period_to,
+                                     limit)
     specs = {spec.name: spec for spec in ALL_SOURCES}
     waits = {job.run_id: waiting_for_operator(instance, specs[job.source], job.partitions,
                                               job.run_id)
@@ -89,6 +92,25 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
                           if waits.get(job.run_id) else ""))
     if stuck and found:
         sys.exit(EXIT_JOB_FAILED)
+
+
+def _with_recorded_loads(instance, found, source, job_type, period_from, period_to, limit):
+    """The runs listed, with the loads the tracker's rebuild recorded from the ledger for
+    runs run storage no longer has (their line says so), newest first."""
+    from datetime import UTC, datetime
+
+    from mostovik_pipelines.framework.runs.rebuild import recorded_jobs
+    from mostovik_pipelines.sources import ALL_SOURCES
+
+    recorded = [job for job in recorded_jobs(instance, ALL_SOURCES, source)
+                if job_type in (None, job.job_type)
+                and not (period_from and job.partitions[-1] < period_from)
+                and not (period_to and job.partitions[0] > period_to)]
+    if not recorded:
+        return found
+    oldest = datetime.min.replace(tzinfo=UTC)
+    return sorted([*found, *recorded], key=lambda job: job.started_at or job.ended_at or oldest,
+                  reverse=True)[:limit]
 
 
 @jobs.command("show")

@@ -1,10 +1,10 @@
 """``mostovik jobs rerun``: a range of partitions picked by state, one period, or one run,
 each submitted to the run queue.
 
-A range (``--source S --from A --to B --only missing|failed|all --reason WHY``) is planned by
-:mod:`.selection`, printed with ``--dry-run``, else submitted to the run queue as one backfill
-per source (:mod:`.submission`); ``--wait`` follows the backfills to the end. Every run asked
-for is signed with who (``--as``, else the OS user) and why (:mod:`.signature`).
+A range (``--source S --from A --to B --only missing|failed|differing|all --reason WHY``) is
+planned by :mod:`.selection`, printed with ``--dry-run``, else submitted to the run queue as
+one backfill per source (:mod:`.submission`); ``--wait`` follows the backfills to the end. Every
+run asked for is signed with who (``--as``, else the OS user) and why (:mod:`.signature`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from mostovik_pipelines.operator.signature import operator_name, signed_tags
 @click.option("--to", "last", help="The range's last partition key.")
 @click.option("--only", type=click.Choice([o.value for o in Only]),
               help="missing: never loaded; failed: latest run failed, cancelled or partial; "
+                   "differing: its latest verification found it differs from the source; "
                    "all: every partition of the range.")
 @click.option("--dry-run", is_flag=True,
               help="Print the partitions and runs the re-run would submit, and why; submit "

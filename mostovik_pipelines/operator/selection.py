@@ -7,6 +7,9 @@ Each partition of the range is read as the UI's partition view shows it, from ru
   (not available yet) or nobody asked for it;
 * **failed**: its latest run failed (transiently or for a permanent reason), was cancelled, or
   loaded it partially (rows quarantined);
+* **differing**: loaded, and its latest verification against the source (the check
+  ``matches_source`` of :mod:`mostovik_pipelines.framework.verification.schedule`) failed on
+  its latest load;
 * **all**: every partition of the range.
 
 A partition with a run queued or in progress, or inside a backfill that has not finished, is
@@ -31,7 +34,11 @@ from mostovik_pipelines.framework.automation.partition_states import (
     PartitionState,
     partition_states,
 )
-from mostovik_pipelines.framework.dagster_compat import BulkActionsFilter, BulkActionStatus
+from mostovik_pipelines.framework.dagster_compat import (
+    AssetCheckExecutionRecordStatus,
+    BulkActionsFilter,
+    BulkActionStatus,
+)
 from mostovik_pipelines.framework.spec import SourceSpec
 
 RUNS_BEFORE_WINDOW = timedelta(days=7)
@@ -43,6 +50,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 class Only(enum.StrEnum):
     MISSING = "missing"
     FAILED = "failed"
+    DIFFERING = "differing"
     ALL = "all"
 
 
@@ -94,11 +102,13 @@ def plan_rerun(instance: DagsterInstance, spec: SourceSpec, first: str, last: st
                   if isinstance(partitions_def, TimeWindowPartitionsDefinition) else EPOCH)
     states = partition_states(instance, spec, keys, runs_since=runs_since)
     rejected = _rejected_in_latest_load(instance, spec, keys)
+    differing = _differing(instance, spec, keys) if only is Only.DIFFERING else {}
     in_backfill = _in_unfinished_backfills(instance, spec)
     selected: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for key in keys:
-        why = _why_selected(states[key], rejected.get(key), only)
+        why = (differing.get(key) if only is Only.DIFFERING
+               else _why_selected(states[key], rejected.get(key), only))
         if why is None:
             continue
         if states[key].in_flight_run:
@@ -139,6 +149,20 @@ def _why_selected(state: PartitionState, rejected: int | None, only: Only) -> st
         return "loaded: taken again (all)" if only is Only.ALL else None
     kind = Only.FAILED if why.startswith("failed") else Only.MISSING
     return why if only in (Only.ALL, kind) else None
+
+
+def _differing(instance: DagsterInstance, spec: SourceSpec,
+               keys: Sequence[str]) -> dict[str, str]:
+    """Per partition whose latest verification verdict failed and judged its latest load:
+    why it is taken."""
+    from mostovik_pipelines.framework.verification.check import verification_check_key
+
+    return {info.partition_key: "differs: its latest verification found the table differs "
+                                "from the source"
+            for info in instance.event_log_storage.get_asset_check_partition_info(
+                [verification_check_key(spec)], partition_keys=list(keys))
+            if info.partition_key is not None and info.is_current
+            and info.latest_execution_status is AssetCheckExecutionRecordStatus.FAILED}
 
 
 def _rejected_in_latest_load(instance: DagsterInstance, spec: SourceSpec,

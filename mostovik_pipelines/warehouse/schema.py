@@ -66,6 +66,12 @@ partition_loads = Table(
     Column("fetched_at", DateTime(timezone=True), nullable=True,
            comment="when the payload of the last load was fetched from the source; a load of "
                    "an older payload is refused as superseded"),
+    Column("loaded_partition_key", String(300), nullable=True,
+           comment="the partition key of the last load (a day, a file version <name>@<hash>); "
+                   "NULL: loaded before it was recorded"),
+    Column("payload_hash", String(64), nullable=True,
+           comment="sha256 of the landed payload the last load came from (a sync window: of "
+                   "its pages' hashes); NULL: loaded before it was recorded"),
     comment="The last load of every partition of every target table.",
 )
 

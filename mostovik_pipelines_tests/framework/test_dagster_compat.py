@@ -31,6 +31,12 @@ def test_a_check_evaluation_names_the_materialisation_it_checked():
     assert evaluation.target_materialization_data.storage_id == 7
 
 
+def test_a_check_executions_status_tells_a_failed_verdict_from_a_planned_one():
+    # operator/selection.py's --only differing reads the latest status of matches_source.
+    assert {status.value for status in compat.AssetCheckExecutionRecordStatus} >= {
+        "PLANNED", "SUCCEEDED", "FAILED"}
+
+
 def test_freshness_policies_and_states_are_the_classes_and_values_the_alerts_read():
     assert isinstance(FreshnessPolicy.cron(deadline_cron="0 10 * * *",
                                            lower_bound_delta=timedelta(hours=1)),

@@ -22,6 +22,7 @@ from mostovik_pipelines.framework.quality.checks import partition_checks
 from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.runs.tags import JOB_TYPE_TAG, SOURCE_TAG
 from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
+from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
 from mostovik_pipelines.resources.http import HttpSourceResource
 from mostovik_pipelines.standin.endpoint import Endpoint, discover_endpoints
 from mostovik_pipelines.warehouse.freeze import VERSIONS_DIR
@@ -125,6 +126,12 @@ def _job_problems(spec: SourceSpec, definitions: Definitions, module: str) -> li
         if missing:
             problems.append(f"{job_name} lacks the tracker tags {missing}: the jobs list and the "
                             "run queue go by them; build the job with framework/assets/factory.py")
+    verification = f"{spec.name}_verification_job"
+    if not repository.has_job(verification) or f"{spec.name}_verification" not in {
+            s.name for s in repository.schedule_defs if s.job_name == verification}:
+        problems.append(f"no {verification} with its schedule {spec.name}_verification: the "
+                        "factory builds them from the SOURCE of "
+                        f"{module} (framework/verification/schedule.py)")
     targets = [s.name for s in repository.schedule_defs if s.job_name == job_name] + [
         s.name for s in repository.sensor_defs
         if s.has_jobs and job_name in {t.job_name for t in s.targets}]
@@ -134,7 +141,7 @@ def _job_problems(spec: SourceSpec, definitions: Definitions, module: str) -> li
     asset_key = AssetKey(spec.name)
     have = ({check.name for check in repository.asset_graph.get(asset_key).check_keys}
             if repository.asset_graph.has(asset_key) else set())
-    wanted_checks = [check.name for check in partition_checks(spec)]
+    wanted_checks = [*(check.name for check in partition_checks(spec)), MATCHES_SOURCE]
     missing_checks = [check for check in wanted_checks if check not in have]
     if missing_checks:
         problems.append(f"asset {spec.name} lacks the checks {missing_checks}: every source's "

@@ -361,6 +361,22 @@ class DagsterGraphQL:
         return [(entry["status"], entry["startKey"], entry["endKey"])
                 for entry in node["assetPartitionStatuses"]["ranges"]]
 
+    def materialized_partitions(self, asset_key: str,
+                                partition_keys: Sequence[str]) -> list[str]:
+        """The partitions the asset's page shows materialised, of ``partition_keys`` (the
+        asset's own, in order: a time-partitioned asset's ranges are read against them)."""
+        node = _expect(self.execute(ASSET_PARTITION_STATUS_QUERY, {
+            "assetKey": {"path": [asset_key]}})["assetNodeOrError"], "AssetNode")
+        statuses = node["assetPartitionStatuses"]
+        if "materializedPartitions" in statuses:
+            return [key for key in partition_keys if key in statuses["materializedPartitions"]]
+        shown = set()
+        for entry in statuses["ranges"]:
+            if entry["status"] == "MATERIALIZED":
+                first = partition_keys.index(entry["startKey"])
+                shown.update(partition_keys[first:partition_keys.index(entry["endKey"]) + 1])
+        return [key for key in partition_keys if key in shown]
+
     def check_executions(self, asset_key: str, check_name: str,
                          partition: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """The executions of an asset check (of one partition), newest first: run id, status

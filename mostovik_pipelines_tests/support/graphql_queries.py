@@ -321,6 +321,10 @@ ASSET_PARTITION_STATUS_QUERY = asset_node_query("AssetPartitionStatusQuery", "",
               endKey
             }
           }
+          ... on DefaultPartitionStatuses {
+            materializedPartitions
+            failedPartitions
+          }
         }""")
 
 ASSET_CHECK_EXECUTIONS_QUERY = """

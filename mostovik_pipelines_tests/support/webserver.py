@@ -106,14 +106,18 @@ class DagsterServices:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 180) -> None:
-        """Start both, then wait until the code location is loaded and every daemon the
-        instance requires is healthy. The ``stopped_schedules`` are stopped in the UI before
-        the daemon starts, so none of them ever ticks."""
+    def start(self, timeout: float = 180, *, daemon: bool = True) -> None:
+        """Start both (the webserver alone without ``daemon``: the UI, nothing ticking), then
+        wait until the code location is loaded and every daemon the instance requires is
+        healthy. The ``stopped_schedules`` are stopped in the UI before the daemon starts, so
+        none of them ever ticks."""
         self._write_workspace()
         create_instance_storage(self.dagster_home, self.environment)
         self._start_webserver()
         deadline = time.monotonic() + timeout
+        if not daemon:
+            self._wait_for_location(deadline)
+            return
         if self.stopped_schedules:
             self._wait_for_location(deadline)
             for name in self.stopped_schedules:

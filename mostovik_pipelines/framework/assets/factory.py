@@ -61,6 +61,8 @@ from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.tags import business_tags
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import StepOutcomes
+from mostovik_pipelines.framework.verification.check import verification_check_spec
+from mostovik_pipelines.framework.verification.schedule import verification_definitions
 
 
 class ExtractConfig(Config):
@@ -74,9 +76,12 @@ class ExtractConfig(Config):
 
 
 def build_source_definitions(spec: SourceSpec) -> Definitions:
-    """Everything Dagster needs for one source: its asset, job and schedule. The resources,
+    """Everything Dagster needs for one source: its asset, job and schedule, and its
+    scheduled verification (:mod:`..verification.schedule`). The resources,
     the source's own included (:func:`source_resource_key`), are bound by the code location."""
-    checks = check_specs(spec)
+    # The load plans the verification's check without evaluating it: a re-load leaves no
+    # verdict of an earlier load standing (.verification.schedule).
+    checks = [*check_specs(spec), verification_check_spec(spec)]
     extract, transform = _extract_op(spec), _transform_op(spec)
     load = _load_op(spec, [check.get_python_identifier() for check in checks])
 
@@ -112,7 +117,9 @@ def build_source_definitions(spec: SourceSpec) -> Definitions:
     )
     schedules = [_schedule(spec, job)] if spec.schedule else []
     sensors = [spec.sensor(spec, job, source_resource_key(spec))] if spec.sensor else []
-    return Definitions(assets=[source_asset], jobs=[job], schedules=schedules, sensors=sensors)
+    return Definitions.merge(
+        Definitions(assets=[source_asset], jobs=[job], schedules=schedules, sensors=sensors),
+        verification_definitions(spec))
 
 
 def _op_tags(spec: SourceSpec) -> dict[str, str]:

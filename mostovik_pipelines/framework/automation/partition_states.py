@@ -53,6 +53,7 @@ IN_FLIGHT = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunSt
              DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING)
 FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 MATERIALIZATIONS_PAGE = 1_000
+FETCHED = "fetched:"
 
 
 class Outcome(enum.StrEnum):
@@ -149,7 +150,9 @@ def _runs_of(instance: DagsterInstance, spec: SourceSpec, since: datetime) -> li
 def _materializations(instance: DagsterInstance, spec: SourceSpec,
                       keys: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
     """Per partition: (run id, the page its load resumed after; 0 from the first page) of
-    every materialisation."""
+    every materialisation. A run-less one (recorded from the warehouse's ledger after run
+    storage was lost, :mod:`..runs.rebuild`) has no run: its id is ``fetched:<timestamp>`` of
+    the payload its load started from, which stands for the run's start, else empty."""
     found: dict[str, list[tuple[str, int]]] = {}
     cursor = None
     while keys:
@@ -160,8 +163,11 @@ def _materializations(instance: DagsterInstance, spec: SourceSpec,
             metadata = record.asset_materialization.metadata if (
                 record.asset_materialization) else {}
             resumed = metadata.get("resumed_after_page")
+            run_id = record.run_id
+            if not run_id and "fetched_at" in metadata:
+                run_id = f"{FETCHED}{metadata['fetched_at'].value}"
             found.setdefault(record.partition_key or "", []).append(
-                (record.run_id, int(resumed.value) if resumed is not None else 0))
+                (run_id, int(resumed.value) if resumed is not None else 0))
         if not result.has_more:
             break
         cursor = result.cursor
@@ -170,8 +176,10 @@ def _materializations(instance: DagsterInstance, spec: SourceSpec,
 
 def _run_starts(instance: DagsterInstance, known: Sequence[RunRecord],
                 run_ids: set[str]) -> dict[str, float | None]:
-    starts = {r.dagster_run.run_id: r.start_time for r in known}
-    missing = sorted(run_ids - set(starts))
+    starts: dict[str, float | None] = {r.dagster_run.run_id: r.start_time for r in known}
+    starts.update({run_id: datetime.fromisoformat(run_id.removeprefix(FETCHED)).timestamp()
+                   for run_id in run_ids if run_id.startswith(FETCHED)})
+    missing = sorted(run_id for run_id in run_ids - set(starts) if run_id)
     if missing:
         starts.update({r.dagster_run.run_id: r.start_time for r in instance.get_run_records(
             RunsFilter(run_ids=missing))})

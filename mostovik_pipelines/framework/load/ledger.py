@@ -128,12 +128,19 @@ def last_load(connection: Connection, table_name: str, partition_key: str) -> La
 
 def record_load(connection: Connection, table_name: str, partition_key: str, row_count: int,
                 digest: str | None, run_id: str, loaded_at: datetime,
-                fetched_at: datetime | None = None) -> None:
-    """Record the partition's load, in the load's transaction."""
+                fetched_at: datetime | None = None, *, loaded_partition_key: str | None = None,
+                payload_hash: str | None = None) -> None:
+    """Record the partition's load, in the load's transaction: with the partition key it was
+    loaded under (``partition_key`` is the partition column's value: a file version's file
+    name), and the
+    landed payload's hash, the ledger alone names every loaded partition and its payload
+    (:mod:`..verification`, the tracker's rebuild)."""
     dialect_insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
     values = {"row_count": row_count, "content_digest": digest, "loaded_by_run": run_id,
               "loaded_at": loaded_at,
-              "fetched_at": fetched_at.astimezone(UTC) if fetched_at else None}
+              "fetched_at": fetched_at.astimezone(UTC) if fetched_at else None,
+              "loaded_partition_key": loaded_partition_key,
+              "payload_hash": payload_hash}
     statement = dialect_insert(partition_loads).values(
         table_name=table_name, partition_key=partition_key, **values)
     connection.execute(statement.on_conflict_do_update(
@@ -157,3 +164,42 @@ def forget_digests(connection: Connection, table_name: str | None = None) -> int
     if table_name is not None:
         statement = statement.where(partition_loads.c.table_name == table_name)
     return connection.execute(statement).rowcount
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A partition's line in the ledger, whole: what verification and the tracker's rebuild
+    read (a load recorded before a column existed has None there)."""
+
+    table_name: str
+    partition_key: str
+    """The partition column's value (a file version's file name)."""
+    loaded_partition_key: str | None
+    """The partition key it was loaded under (a file version ``<name>@<hash>``)."""
+    row_count: int
+    content_digest: str | None
+    loaded_by_run: str
+    loaded_at: datetime
+    fetched_at: datetime | None
+    payload_hash: str | None
+
+    @property
+    def key(self) -> str:
+        """The partition key of the last load."""
+        return self.loaded_partition_key or self.partition_key
+
+
+def ledger_entries(connection: Connection, table_name: str,
+                   partition_keys: list[str] | None = None) -> list[LedgerEntry]:
+    """The ledger's lines for a table (those of ``partition_keys``, the partition column's
+    values, when given), in partition order."""
+    statement = select(partition_loads).where(partition_loads.c.table_name == table_name)
+    if partition_keys is not None:
+        statement = statement.where(partition_loads.c.partition_key.in_(partition_keys))
+    rows = connection.execute(statement.order_by(partition_loads.c.partition_key)).all()
+    return [LedgerEntry(
+        table_name=row.table_name, partition_key=row.partition_key,
+        loaded_partition_key=row.loaded_partition_key, row_count=row.row_count,
+        content_digest=row.content_digest, loaded_by_run=row.loaded_by_run,
+        loaded_at=_utc(row.loaded_at), fetched_at=_utc(row.fetched_at),
+        payload_hash=row.payload_hash) for row in rows]

@@ -37,8 +37,9 @@ failure at any point leaves the partition, the ledger and the quarantine as they
    the update when no key is stored and the insert when every key is.
 7. ``INSERT ... ON CONFLICT UPDATE`` the ledger: row count, digest (none on SQLite, none when
    rows were kept or held elsewhere: the table then holds something else than the frame), the
-   run, the fetch time. A page group of a sync records nothing: the ledger describes whole
-   partitions.
+   run, the fetch time, the partition key and the landed payload's hash. A page group of a sync
+   records nothing here: the ledger describes whole partitions, and the step records a window
+   with its last page group (``steps/load.py``).
 8. ``within_transaction``: what must commit with the rows (the quarantine, a sync's progress
    checkpoint); the fence: the run still holds its claim (:func:`.runs.claims.ensure_run_claim`),
    else :class:`.errors.RunClaimLost` rolls it all back; then ``COMMIT``. Checked once, just
@@ -139,13 +140,14 @@ def load_partition(
     engine: Engine, target: LoadTarget, frame: pd.DataFrame, partition_key: str, run_id: str,
     within_transaction: Callable[[Connection, LoadCounts], None] | None = None, *,
     fetched_at: datetime | None = None, kept: KeptRows | None = None,
-    whole_partition: bool = True,
+    whole_partition: bool = True, payload_hash: str | None = None,
 ) -> LoadCounts:
     """Make ``target`` hold exactly ``frame`` for the partition, in one transaction, keeping the
     ``kept`` rows; ``within_transaction`` writes what must commit with it (the partition's
     quarantine, a sync's progress checkpoint), given the load's counts. ``fetched_at`` is when
     the frame's payload was fetched: if the partition already holds a later fetch,
-    :class:`PartitionSuperseded` is raised and nothing is written.
+    :class:`PartitionSuperseded` is raised and nothing is written; ``payload_hash`` names that
+    payload in the ledger.
 
     ``whole_partition=False`` loads one page of a partition (merge-by-version only): no digest
     is trusted or recorded and the ledger keeps the partition's last whole load."""
@@ -190,7 +192,8 @@ def load_partition(
             # less than the frame, so no digest describes it, and the next load of the same
             # rows must find them held again (for its quarantine).
             record_load(connection, table_name, scope, len(frame),  # 7
-                        None if counts.held_elsewhere else digest, run_id, now, fetched_at)
+                        None if counts.held_elsewhere else digest, run_id, now, fetched_at,
+                        loaded_partition_key=partition_key, payload_hash=payload_hash)
         return _finish(connection, within_transaction, run_id, counts)  # 8
 
 

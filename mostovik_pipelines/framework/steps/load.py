@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pandas as pd
 from dagster import (
@@ -25,6 +26,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
 )
 from mostovik_pipelines.framework.assets.view import PREVIEW_ROWS, preview
 from mostovik_pipelines.framework.errors import PartitionCheckFailed, classify
+from mostovik_pipelines.framework.load.ledger import record_load
 from mostovik_pipelines.framework.load.partition import (
     KeptRows,
     LoadCounts,
@@ -237,7 +239,7 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
     counts = load_partition(
         engine, spec.load_target, outcome.frame, key, context.run_id,
         within_transaction=quarantine, fetched_at=outcome.landed.fetched_at,
-        kept=_kept_rows(spec, outcome.rejected),
+        kept=_kept_rows(spec, outcome.rejected), payload_hash=outcome.landed.content_hash,
     )
     figures = counts.as_dict(merge=spec.load_mode is LoadMode.MERGE_BY_VERSION)
     return PartitionLoad(
@@ -278,6 +280,18 @@ def _held_elsewhere(frame: pd.DataFrame, row_numbers: tuple[int, ...] | None,
     return rejected
 
 
+def record_window(connection, spec: SourceSpec, key: str, outcome: TransformedPages, rows: int,
+                  run_id: str) -> None:
+    """A window whose last page commits is loaded: its line in the ledger, in the same
+    transaction, so that the ledger names every synced window as it does every other loaded
+    partition. Its fetch time is its first page's, and only when this sync started from the
+    first page: a window is final once such a sync that started after it closed loaded it."""
+    record_load(connection, spec.table.name, spec.load_target.partition_scope(key), rows, None,
+                run_id, datetime.now(UTC),
+                outcome.fetched_at if outcome.resumed_after_page == 0 else None,
+                loaded_partition_key=key, payload_hash=outcome.content_hash)
+
+
 def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
                 outcome: TransformedPages) -> PartitionLoad:
     """Each group of pages in a transaction of its own, with the partition's progress
@@ -299,11 +313,14 @@ def _load_pages(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         if sample is None:
             sample = frame.head(PREVIEW_ROWS)
 
-        def commit_progress(connection, counts: LoadCounts, group=group) -> None:
+        def commit_progress(connection, counts: LoadCounts, group=group,
+                            total=rows) -> None:
             replace_quarantine(connection, spec.name, key, context.run_id, group.rejected,
                                append=group.first_page > 1)
             save_progress(connection, spec.name, key, group.last_page,
                           page_cursor(group.next_cursor), context.run_id)
+            if group.next_cursor is None:
+                record_window(connection, spec, key, outcome, total, context.run_id)
 
         counts = load_partition(engine, spec.load_target, frame, key, context.run_id,
                                 within_transaction=commit_progress, whole_partition=False)
