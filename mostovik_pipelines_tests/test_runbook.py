@@ -8,7 +8,8 @@ API server for every store, the stand-in for the sources), migrate and create th
 every unit by its ``ExecStart`` with the env file's settings (``systemctl`` is the test's, which
 starts a unit as systemd would), check the workers and the UI; then, through the UI's GraphQL, a
 backfill; deploy a release of new code (committed to the clone's origin) and see it in the UI;
-prune; read the metrics; drain a worker. A block the test did not run fails it.
+prune; read the metrics; lose the run storage and rebuild the tracker; drain a worker. A block the
+test did not run fails it.
 """
 
 from __future__ import annotations
@@ -317,6 +318,20 @@ def test_the_runbook_as_written_installs_starts_deploys_prunes_and_measures(mach
     completed = re.search(r'mostovik_jobs_in_window\{source="cbr_daily_rates",'
                           r'status="completed"\} (\S+)', measured)
     assert completed and float(completed.group(1)) >= 2, measured
+
+    # Run storage lost: the daemon stopped, the instance's database empty again, the tracker
+    # rebuilt from the warehouse's ledger, the daemon started.
+    Unit(on.root, "mostovik-daemon").stop()
+    with psycopg.connect(values["MOSTOVIK_DATABASE_URL"].replace("+psycopg", ""),
+                         autocommit=True) as connection:
+        dagster_db = values["MOSTOVIK_DAGSTER_PG_DB"]
+        connection.execute(f"DROP DATABASE {dagster_db} WITH (FORCE)")
+        connection.execute(f"CREATE DATABASE {dagster_db}")
+    rebuilt = on.run("mostovik tracker rebuild --dry-run").stdout
+    assert "launched by the ledger" in rebuilt or "completed" in rebuilt, rebuilt
+    Unit(on.root, "mostovik-daemon").start()
+    wait_until(daemons_healthy, 3 * PROCESS_START_MARGIN_SECONDS, "every daemon healthy again",
+               lambda: on.log("mostovik-daemon"))
 
     # Drain a worker, then stop it.
     on.run("mostovik-celery control cancel_consumer")
