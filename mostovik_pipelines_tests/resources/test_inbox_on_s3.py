@@ -33,6 +33,7 @@ from mostovik_pipelines_tests.support.processes import local_dagster_home
 
 BUCKET = "mostovik-inbox"
 NAME = "Поставки МСК-ЖК-014 ноябрь.csv"
+WAITING = 8
 
 
 @pytest.fixture
@@ -172,13 +173,13 @@ def test_an_archive_cut_short_after_the_copy_loses_nothing_and_the_next_one_fini
 
 def test_the_sensor_lists_the_inbox_once_a_tick_and_reads_no_file(
         front, inbox, sqlite_warehouse_url, standin_server, tmp_path):
-    """Twenty reports waiting: a tick asks for twenty runs after one request to the store (the
+    """Eight reports waiting: a tick asks for eight runs after one request to the store (the
     listing), and the runs load them through the bucket."""
     location = code_location_for(sqlite_warehouse_url, standin_server, tmp_path,
                                  [material_deliveries.SOURCE],
                                  material_deliveries_source=inbox)
     expected = []
-    for number in range(20):
+    for number in range(WAITING):
         lines, content = report(number, count=3)
         name = f"site-{number:02}.csv"
         version = upload(front, name, content)
@@ -188,7 +189,7 @@ def test_the_sensor_lists_the_inbox_once_a_tick_and_reads_no_file(
         before = sum(front.requests.values())
         result = sensor.tick()
         assert sum(front.requests.values()) - before == 1, front.requests
-        assert len(result.run_requests) == 20
+        assert len(result.run_requests) == WAITING
         before = sum(front.requests.values())
         assert sensor.tick().run_requests == [], "nothing new"
         assert sum(front.requests.values()) - before == 1
