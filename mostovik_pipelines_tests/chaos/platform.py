@@ -67,6 +67,7 @@ from mostovik_pipelines_tests.chaos.platform_claims import CLAIM_KINDS, SCENARIO
 from mostovik_pipelines_tests.chaos.platform_deployment import PlatformEnvironment
 from mostovik_pipelines_tests.chaos.platform_host import HOST, hold_fetch, lose_host
 from mostovik_pipelines_tests.chaos.platform_layout import (
+    CODE_SERVER,
     DEPLOY,
     FAULT_LENGTHS,
     HELD_KINDS,
@@ -164,13 +165,15 @@ class PlatformSuite:
             return claim_scenario(self, number, kind)
         rng = random.Random(f"{self.seed}:platform:{number}")
         started = time.monotonic()
-        backfill = kind == DEPLOY or (kind != STORE_PAST_BUDGET and rng.random() < 0.5)
+        backfill = kind == DEPLOY or (kind not in (STORE_PAST_BUDGET, CODE_SERVER)
+                                      and rng.random() < 0.5)
         if backfill:
             first = rng.randrange(len(self.pool) - 1)
             days = sorted(self.pool[first:first + rng.randint(1, 2)])
             partitions = date_range(days[0], days[-1])
         else:
-            days = partitions = tuple(sorted(rng.sample(self.pool, rng.randint(1, 3))))
+            days = partitions = tuple(sorted(rng.sample(
+                self.pool, rng.randint(2 if kind == CODE_SERVER else 1, 3))))
         for day in rng.sample(days, rng.randint(0, len(days))):
             self.chaos.standin.change_cbr_rates(day, set_values={
                 code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
@@ -202,7 +205,8 @@ class PlatformSuite:
             self.backfills.append(self.graphql.launch_partition_backfill([ASSET], partitions,
                                                                          tags=tag))
         else:
-            for partition in partitions:
+            # The code server's kill: the later runs are queued as it dies (layout_fault).
+            for partition in partitions[:1] if kind == CODE_SERVER else partitions:
                 self.graphql.launch_job_run(JOB, partition, tags=tag)
         self.totals.launches["backfill" if backfill else "runs"] += 1
         if point == "running":
@@ -210,7 +214,7 @@ class PlatformSuite:
             time.sleep(rng.uniform(0, 3))
         problems = (lose_host(self, outage, tag, held) if kind == HOST
                     else storage_away_past_budget(self, tag, held) if kind == PAST_BUDGET
-                    else layout_fault(self, kind, outage, tag, held, manner)
+                    else layout_fault(self, kind, outage, tag, held, manner, partitions[1:])
                     if kind in LAYOUT_KINDS else self._inject(kind, outage, tag))
         self.totals.faults[kind] += 1
         self.totals.points[point] += 1

@@ -1,11 +1,12 @@
 """The platform suite's faults of the production layout itself (:mod:`..support.production_layout`):
 the one code server, a deploy, a worker host and the object store.
 
-* ``code_server``: while a run's step is held in its fetch on a Celery worker, the code server
-  dies (SIGKILL) with every process of its unit, the run's orchestrating process among them, and
-  is started again 5 s later, as its unit's ``Restart=on-failure`` does. The run is dead: the
+* ``code_server``: while a run's step is held in its fetch on a Celery worker, the scenario's
+  other runs are launched (the run queue takes them up at once) and the code server dies
+  (SIGKILL) with every process of its unit, the held run's orchestrating process among them; it
+  is started again 5 s later, as its unit's ``Restart=on-failure`` does. The held run is dead: the
   dead-run sensor marks it failed while its step still runs, and the daemon's run retries take
-  it up once.
+  it up once; the runs the queue met the restart with wait in the queue for the code server.
 * ``deploy``: during a backfill's run, the next release is deployed as deploy/README says (the
   code location reloaded over GraphQL, the workers restarted, each draining its step first).
   Nothing may fail: the run in flight finishes on its code, the next runs use the new one.
@@ -34,6 +35,7 @@ from dagster import DagsterEventType, RunsFilter
 
 from mostovik_pipelines.framework.retries import OUTAGE_SETTING, RETRY_METADATA_KEY
 from mostovik_pipelines.framework.runs.dead_runs import INTERVAL_SECONDS
+from mostovik_pipelines_tests.chaos.environment import JOB
 from mostovik_pipelines_tests.support.deployments import step_workers
 from mostovik_pipelines_tests.support.object_store_front import OUTAGES, REFUSING
 from mostovik_pipelines_tests.support.waiting import (
@@ -73,8 +75,10 @@ def store_outage_manner(suite, number: int) -> str:
 
 
 def layout_fault(suite, kind: str, outage: float, tag: dict[str, str], held: str | None,
-                 manner: str) -> list[str]:
-    """Bring ``kind`` about under the scenario's runs; what went wrong before the judge looks."""
+                 manner: str, later: tuple[str, ...] = ()) -> list[str]:
+    """Bring ``kind`` about under the scenario's runs; what went wrong before the judge looks.
+    ``later``: partitions whose runs are launched just before the code server dies (queued as
+    it restarts)."""
     platform = suite.platform
     if kind == DEPLOY:
         release = platform.layout.deploy()
@@ -93,6 +97,8 @@ def layout_fault(suite, kind: str, outage: float, tag: dict[str, str], held: str
     try:
         wait_for_hanging_request(standin, held)
         if kind == CODE_SERVER:
+            for partition in later:
+                suite.graphql.launch_job_run(JOB, partition, tags=tag)
             platform.layout.kill_code_server()
             time.sleep(SUPERVISOR_RESTART_SECONDS)
             platform.layout.start_code_server()
