@@ -277,6 +277,19 @@ def test_the_runbook_as_written_installs_starts_deploys_prunes_and_measures(mach
     for unit in units:
         assert Unit(on.root, unit).running(), on.log(unit)
         assert _service_user_runs(on, unit), f"{unit} does not run as {SERVICE_USER}"
+    # The units' ports are bound to 127.0.0.1 only.
+    def bound() -> dict[str, list[str]] | None:
+        listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+        found = {setting: [line.split()[3] for line in listening.splitlines()
+                           if line.split()[3].rsplit(":", 1)[1] == values[setting]]
+                 for setting in ("MOSTOVIK_CODE_SERVER_PORT", "MOSTOVIK_WEBSERVER_PORT",
+                                 "MOSTOVIK_METRICS_PORT")}
+        return found if all(found.values()) else None
+
+    for setting, addresses in wait_until(bound, PROCESS_START_MARGIN_SECONDS,
+                                         "every unit's port listening").items():
+        assert all(address.startswith("127.0.0.1:") for address in addresses), (setting,
+                                                                               addresses)
     pinged = wait_until(lambda: (lambda out: out if out.count("pong") >= 2 else None)(
         subprocess.run(["bash", "-c", f"{on.session}\nmostovik-celery inspect ping"],
                        env=on.shell_environment, capture_output=True, text=True).stdout),
