@@ -288,8 +288,9 @@ def test_the_runbook_as_written_installs_starts_deploys_prunes_and_measures(mach
 
     for setting, addresses in wait_until(bound, PROCESS_START_MARGIN_SECONDS,
                                          "every unit's port listening").items():
-        assert all(address.startswith("127.0.0.1:") for address in addresses), (setting,
-                                                                               addresses)
+        # (gRPC listens on the IPv4-mapped form of the same loopback address.)
+        assert all(address.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:"))
+                   for address in addresses), (setting, addresses)
     pinged = wait_until(lambda: (lambda out: out if out.count("pong") >= 2 else None)(
         subprocess.run(["bash", "-c", f"{on.session}\nmostovik-celery inspect ping"],
                        env=on.shell_environment, capture_output=True, text=True).stdout),
