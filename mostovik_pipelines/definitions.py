@@ -16,6 +16,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
     WAREHOUSE_KEY,
     source_resource_key,
 )
+from mostovik_pipelines.framework.automation.deadlines import deadlines_sensor
 from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY, alert_sensors
 from mostovik_pipelines.framework.runs.dead_runs import dead_runs_sensor
@@ -42,7 +43,7 @@ def default_resources(sources: Sequence[SourceSpec] = ALL_SOURCES) -> dict[str, 
         LANDING_KEY: LandingStoreResource(base_dir=landing_dir()),
         "io_manager": OpOutputStore(base_dir=storage_dir()),
         ALERT_NOTIFIER_KEY: AlertNotifierResource(
-            webhook_url=alert_webhook_setting(),
+            database_url=database_url_setting(), webhook_url=alert_webhook_setting(),
             ui_url=setting("MOSTOVIK_UI_URL", "http://127.0.0.1:3000"),
         ),
         **{source_resource_key(spec): spec.resource for spec in sources},
@@ -58,7 +59,8 @@ def build_code_location(
         maintenance_definitions([*(check.key for spec in sources for check in check_specs(spec)),
                                  *(verification_check_key(spec) for spec in sources)]),
         Definitions(
-            sensors=[*alert_sensors(sources), dead_runs_sensor(sources)],
+            sensors=[*alert_sensors(sources), dead_runs_sensor(sources),
+                     deadlines_sensor(sources)],
             resources={**default_resources(sources), **(resources or {})},
             executor=executor_from_environment(),
         ),

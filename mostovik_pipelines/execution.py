@@ -14,9 +14,10 @@ step and fails the step, and so the run, when that worker stops answering pings 
 ``MOSTOVIK_CELERY_WORKER_LOST_SECONDS``; a re-run is safe because loads are idempotent.
 
 A Redis restart or failover (the broker and the result backend) is ridden out for
-``MOSTOVIK_CELERY_OUTAGE_SECONDS`` (90 s by default): the orchestrating process keeps polling its
-steps' results and submitting the next ones, each outage logged in the run with its length, and
-fails the run naming the broker only past that budget; a worker keeps running its step and
+``MOSTOVIK_CELERY_OUTAGE_SECONDS`` (90 s by default; the one outage rule,
+``framework/outages.py``): the orchestrating process waits on its steps' results and submits the
+next ones once Redis is back, the outage's start and end engine events of the run, and fails
+the run naming the broker only past that budget; a worker keeps running its step and
 retries storing the result until the backend is back. Queued steps survive the restart only on
 a persistent Redis (``appendonly yes``, deploy/README).
 """
@@ -38,16 +39,20 @@ from dagster import (
     multiprocess_executor,
 )
 
-from mostovik_pipelines.framework.errors import broker_unreachable
+from mostovik_pipelines.framework.outages import Store, budget_seconds, ride_out, setting_of
 from mostovik_pipelines.settings import EXECUTOR_ENV
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
 BROKER_URL_ENV = "MOSTOVIK_CELERY_BROKER_URL"
 BACKEND_URL_ENV = "MOSTOVIK_CELERY_BACKEND_URL"
 WORKER_LOST_ENV = "MOSTOVIK_CELERY_WORKER_LOST_SECONDS"
-DEFAULT_WORKER_LOST_SECONDS = 60.0
-OUTAGE_ENV = "MOSTOVIK_CELERY_OUTAGE_SECONDS"
-DEFAULT_OUTAGE_SECONDS = 90.0
+DEFAULT_WORKER_LOST_SECONDS = 30.0
+"""A worker silent to pings this long is lost: its run is failed within a minute of the worker's
+death (30 s, a ping every 6 s, the executor's poll), yet a live worker is never counted lost
+when Redis comes back from an outage (a worker reconnects with kombu's backoff, 2 s more per
+try: within about 20 s of Redis answering after the 90 s the broker's budget rides out; while
+Redis is away a failed ping is no silence)."""
+OUTAGE_ENV = setting_of(Store.BROKER)
 
 
 def executor_from_environment() -> ExecutorDefinition:
@@ -142,7 +147,7 @@ def celery_settings() -> dict[str, Any]:
 def worker_celery_settings() -> dict[str, Any]:
     """What a worker's ``dagster_celery_config`` module holds: the shared settings plus the broker
     and backend, read from the worker's own environment at start."""
-    outage = float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS)
+    outage = budget_seconds(Store.BROKER)
     return {
         **celery_settings(),
         "broker_url": os.environ[BROKER_URL_ENV],
@@ -181,20 +186,17 @@ def _watched_celery_executor() -> ExecutorDefinition:
     class WatchedCeleryExecutor(CeleryExecutor):
         """dagster-celery's executor, with each submitted step's worker watched."""
 
-        def __init__(self, worker_lost_seconds: float, outage_seconds: float,
-                     **kwargs: Any) -> None:
+        def __init__(self, worker_lost_seconds: float, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.worker_lost_seconds = worker_lost_seconds
-            self.outage_seconds = outage_seconds
 
         def execute(self, plan_context, execution_plan):
             liveness = _WorkerLiveness(self.worker_lost_seconds)
-            outage = _BrokerOutage(plan_context, self.outage_seconds)
+            outage = _BrokerOutage(plan_context)
 
             def submit_watched(app, context, step, queue, priority, known_state):
                 result = outage.ride_out(
-                    lambda: submit_task(app, context, step, queue, priority, known_state),
-                    until_done=True)
+                    lambda: submit_task(app, context, step, queue, priority, known_state))
                 context.instance.report_engine_event(
                     f'Step "{step.key}" is celery task {result.id}.',
                     context.dagster_run,
@@ -218,7 +220,6 @@ def _watched_celery_executor() -> ExecutorDefinition:
             worker_lost_seconds=float(
                 os.environ.get(WORKER_LOST_ENV) or DEFAULT_WORKER_LOST_SECONDS
             ),
-            outage_seconds=float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_SECONDS),
             broker=config.get("broker"),
             backend=config.get("backend"),
             config_source=config.get("config_source"),
@@ -245,10 +246,14 @@ class _WorkerLiveness:
         self._last_ping: dict[str, float] = {}
 
     def silent_for(self, app, hostname: str) -> float:
-        """Seconds since ``hostname`` last answered (0 while it answers)."""
+        """Seconds ``hostname`` has not answered the pings sent to it (0 while it answers).
+        Silence counts only while it is asked: after a while nobody asked (Redis away, the
+        executor waiting on it), it counts afresh."""
         now = time.monotonic()
-        self._last_answer.setdefault(hostname, now)
-        if now - self._last_ping.get(hostname, 0.0) >= self.ping_every_seconds:
+        last_ping = self._last_ping.get(hostname)
+        if last_ping is None or now - last_ping > 3 * self.ping_every_seconds:
+            self._last_answer[hostname] = now
+        if now - (last_ping or 0.0) >= self.ping_every_seconds:
             self._last_ping[hostname] = now
             if self._answers(app, hostname):
                 self._last_answer[hostname] = time.monotonic()
@@ -263,57 +268,34 @@ class _WorkerLiveness:
         return any(hostname in reply for reply in replies)
 
 
-class CeleryOutageError(ConnectionError):
-    """The broker or result backend stayed unreachable past the run's outage budget."""
-
-
-_UNREACHABLE = object()
-
-
 class _BrokerOutage:
-    """Rides out a Redis outage seen by the run's orchestrating process: each call that fails
-    for a lost connection is "unreachable" (or, for a submission, tried again) until the outage
-    has lasted ``budget_seconds``; its start and end are engine events of the run."""
+    """The run's orchestrating process riding out a Redis outage: each call that fails because
+    the broker or the result backend is away is made again (:func:`.framework.outages.ride_out`,
+    the broker's budget, one clock for the run's calls), and the outage's start and end are
+    engine events of the run."""
 
-    def __init__(self, plan_context, budget_seconds: float) -> None:
+    def __init__(self, plan_context) -> None:
         self._context = plan_context
-        self.budget_seconds = budget_seconds
-        self._since: float | None = None
+        self._away = False
 
-    def ride_out(self, call, *, until_done: bool = False):
-        """``call()``; while the broker is away, :data:`_UNREACHABLE` (or, ``until_done``, wait
-        and call again)."""
-        while True:
-            try:
-                result = call()
-            except Exception as error:
-                if not broker_unreachable(error):
-                    raise
-                self._unreachable(error)
-                if not until_done:
-                    return _UNREACHABLE
-                time.sleep(1.0)
-                continue
-            if self._since is not None:
-                self._report(f"Celery broker and result backend reachable again after "
-                             f"{time.monotonic() - self._since:.0f} s.")
-                self._since = None
-            return result
+    def ride_out(self, call):
+        result = ride_out(Store.BROKER, call, target=self._target(), answers=True,
+                          on_wait=self._waiting)
+        if self._away:
+            self._away = False
+            self._report("Celery broker and result backend reachable again.")
+        return result
 
-    def _unreachable(self, error: BaseException) -> None:
-        now = time.monotonic()
-        if self._since is None:
-            self._since = now
+    def _target(self) -> str:
+        return os.environ.get(BROKER_URL_ENV, "")
+
+    def _waiting(self, store: Store, error: BaseException, seconds: float, wait: float) -> None:
+        if not self._away:
+            self._away = True
             self._report(f"Celery broker or result backend unreachable "
                          f"({type(error).__name__}: {error}); waiting up to "
-                         f"{self.budget_seconds:.0f} s ({OUTAGE_ENV}) for it to come back.")
-        elif now - self._since > self.budget_seconds:
-            raise CeleryOutageError(
-                f"the Celery broker or result backend has been unreachable for "
-                f"{now - self._since:.0f} s, past the {self.budget_seconds:.0f} s a run rides "
-                f"out ({OUTAGE_ENV}): {type(error).__name__}: {error}. The steps that finished "
-                "are recorded; re-run the partition once Redis is back, the load is idempotent."
-            ) from error
+                         f"{budget_seconds(Store.BROKER):.0f} s ({OUTAGE_ENV}) for it to come "
+                         "back.")
 
     def _report(self, message: str) -> None:
         self._context.instance.report_engine_event(message, self._context.dagster_run)
@@ -335,8 +317,7 @@ class _WatchedResult:
         self._lost: str | None = None
 
     def ready(self) -> bool:
-        ready = self._outage.ride_out(self._ready)
-        return False if ready is _UNREACHABLE else ready
+        return self._outage.ride_out(self._ready)
 
     def _ready(self) -> bool:
         if self._result.ready():
@@ -365,7 +346,7 @@ class _WatchedResult:
             from celery.exceptions import WorkerLostError
 
             raise WorkerLostError(self._lost)
-        return self._outage.ride_out(self._result.get, until_done=True)
+        return self._outage.ride_out(self._result.get)
 
     def revoke(self) -> None:
-        self._outage.ride_out(self._result.revoke, until_done=True)
+        self._outage.ride_out(self._result.revoke)

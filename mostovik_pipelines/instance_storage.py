@@ -18,10 +18,12 @@ of its storage round trips), and a call on it that finds it dead is made again, 
 connection that the database refuses
 because it is away (refused, starting up, shutting down, closed) is tried again with backoff for
 ``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS`` (90 s) of one outage, each wait logged: the run rides out
-a restart of its run storage instead of failing on its next event. The outage is timed on one
-clock with the run's claim (``framework/runs/storage_outage.py``); past the budget a call fails
-at once with :class:`RunStorageAway`, naming the setting, which dagster-postgres does not make
-again. A storage call whose
+a restart of its run storage instead of failing on its next event. This is the project's one
+outage rule (``framework/outages.py``, ``ride_out``), timed on one clock with the run's claim;
+past the budget a call fails at once with its ``StoreAway``, naming the setting. That is no
+driver error on purpose: dagster-postgres makes a call whose driver fails again five times over
+about 6 s, and a failing run makes a score of calls, so a run past the budget went on failing
+for two more minutes. A storage call whose
 statement the restart cut off in flight (a run's process writes events back to back, so one
 often is) is made again on a new connection, within the same budget: the call that failed was
 rolled back, unless the database had committed it just before it went away and the answer was
@@ -47,25 +49,22 @@ import sqlalchemy
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
-import mostovik_pipelines.framework.runs.storage_outage as storage_outage
 from mostovik_pipelines.framework.dagster_compat import storage_engine
 from mostovik_pipelines.framework.errors import ConfigurationError, refused_by_the_server
+from mostovik_pipelines.framework.outages import (
+    BUDGETS,
+    Store,
+    database_of,
+    ride_out,
+    wait_message,
+)
 
 POOL_RECYCLE_SECONDS = 3600
 """A kept connection is replaced after an hour (as the webserver's default)."""
 MAX_OVERFLOW = 10
 """Connections beyond the kept one while storage calls overlap (daemon threads, a webserver)."""
-OUTAGE_ENV = storage_outage.BUDGET_ENV
-DEFAULT_OUTAGE_SECONDS = storage_outage.DEFAULT_BUDGET_SECONDS
-AWAY = ("connection refused", "could not connect", "starting up", "shutting down",
-        "server closed the connection", "connection to server", "timeout expired",
-        "terminating connection")
-"""What libpq says when the database is away; unless the one classifier finds the server
-refusing us in it (a bad password, no such database, a bad option, too many clients:
-:func:`.framework.errors.refused_by_the_server`), which fails at once."""
-
-RETRY_PAUSE_SECONDS = 0.2
-"""Before a call cut off in flight is made again (its new connection waits out the outage)."""
+OUTAGE_ENV = BUDGETS[Store.RUN_STORAGE].setting
+DEFAULT_OUTAGE_SECONDS = BUDGETS[Store.RUN_STORAGE].default_seconds
 IDLE_BEFORE_PING_SECONDS = 1.0
 """A kept connection idle this long is pinged before use; one returned more recently is used as
 it is (a call that finds it dead is made again on a new one)."""
@@ -79,8 +78,7 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     connection each."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        outage = _Outage(storage_outage.budget_seconds(),
-                         storage_outage.database_of(kwargs.get("postgres_url") or ""))
+        outage = _Outage(database_of(kwargs.get("postgres_url") or ""))
         try:
             outage.building(lambda: super(PooledPostgresStorage, self).__init__(*args, **kwargs))
         except Exception as error:
@@ -186,107 +184,39 @@ def _ping_on_checkout(dbapi_connection, connection_record, connection_proxy) -> 
 
 
 class _Outage:
-    """Connects, riding out the database being away for ``budget_seconds`` of one outage
-    (the process's connection attempts share it with each other and with the run's claim:
-    :mod:`.framework.runs.storage_outage`)."""
+    """The instance's calls to its database, ridden out while it is away
+    (:func:`.framework.outages.ride_out`, the run storage's budget, on the process's clock of
+    that database, which the run's claim shares: :mod:`.framework.runs.claims`)."""
 
-    def __init__(self, budget_seconds: float, database: str) -> None:
-        self.budget_seconds = budget_seconds
+    def __init__(self, database: str) -> None:
         self.database = database
 
     def connect(self, dialect, connection_record, cargs, cparams):
-        def away(error: Exception) -> Exception | None:
-            refused = isinstance(error, dialect.loaded_dbapi.OperationalError)
-            return error if refused and _database_away(error) else None
-
-        return self._while_away(lambda: dialect.connect(*cargs, **cparams), away)
+        """A new connection (SQLAlchemy's ``do_connect``), tried again while the database is
+        away; a server that refuses us fails at once (the one classifier)."""
+        return ride_out(Store.RUN_STORAGE, lambda: dialect.connect(*cargs, **cparams),
+                        target=self.database, answers=True)
 
     def building(self, build: Callable[[], None]) -> None:
         """``build`` (dagster-postgres' storages, which connect to check or create their tables
         and give up after about 6 s of their own retries), again while the database is away:
         a process started during an outage (a code server the daemon starts again, a run, a
         webserver) waits it out instead of failing to load."""
-        def away(error: Exception) -> Exception | None:
-            cause = error if isinstance(error, sqlalchemy.exc.OperationalError) else (
-                error.__cause__)
-            refused = isinstance(cause, sqlalchemy.exc.OperationalError)
-            return cause.orig if refused and _database_away(cause) else None
-
-        self._while_away(build, away, " as the instance starts")
-
-    def _while_away(self, attempt: Callable[[], T], away: Callable[[Exception], Exception | None],
-                    when: str = "") -> T:
-        """``attempt()``, made again with backoff while it fails because the database is away
-        (``away`` gives the driver's error then, None for any other failure), for up to
-        ``budget_seconds`` of one outage, each wait logged."""
-        wait = 0.5
-        while True:
-            try:
-                result = attempt()
-            except Exception as error:
-                reason = away(error)
-                if reason is None:
-                    raise
-                seconds = self._away_for()
-                if seconds > self.budget_seconds:
-                    raise _gave_up(seconds, self.budget_seconds, reason) from error
-                logger.warning("run storage database away for %.0f s%s (%s); trying again, up "
-                               "to %.0f s (%s)", seconds, when,
-                               str(reason).strip().splitlines()[0], self.budget_seconds,
-                               OUTAGE_ENV)
-                time.sleep(wait)
-                wait = min(wait * 2, 5.0)
-                continue
-            storage_outage.answered(self.database)
-            return result
+        ride_out(Store.RUN_STORAGE, build, target=self.database, answers=True,
+                 on_wait=_starting)
 
     def retrying(self, call: Callable[..., T]) -> Callable[..., T]:
-        """``call``, made again while the error it raises is a connection lost in flight (the
-        pool has dropped that connection; the next one connects through :meth:`connect`), for
-        up to ``budget_seconds``."""
+        """``call``, made again while it fails because the database is away: a connection lost
+        in flight (the pool has dropped that connection; the next one connects through
+        :meth:`connect`), within the same budget."""
 
         @functools.wraps(call)
         def retried(*args: Any, **kwargs: Any) -> T:
-            first_failure = None
-            while True:
-                try:
-                    return call(*args, **kwargs)
-                except sqlalchemy.exc.DBAPIError as error:
-                    if not error.connection_invalidated:
-                        raise
-                    now = time.monotonic()
-                    first_failure = first_failure or now
-                    if now - first_failure > self.budget_seconds:
-                        raise _gave_up(now - first_failure, self.budget_seconds,
-                                       error.orig) from error
-                    logger.warning("run storage connection lost during %s (%s); making the "
-                                   "call again, up to %.0f s (%s)", call.__name__,
-                                   str(error.orig).strip().splitlines()[0],
-                                   self.budget_seconds, OUTAGE_ENV)
-                    time.sleep(RETRY_PAUSE_SECONDS)
+            return ride_out(Store.RUN_STORAGE, lambda: call(*args, **kwargs),
+                            target=self.database)
 
         return retried
 
-    def _away_for(self) -> float:
-        return storage_outage.away_for(self.database)
 
-
-class RunStorageAway(Exception):
-    """The run storage database was away past the outage budget. Not a driver error on
-    purpose: dagster-postgres makes every storage call again five times over about 6 s when the
-    driver fails, and a failing run makes a score of calls, so a run past the budget went on
-    failing for two more minutes."""
-
-
-def _gave_up(seconds: float, budget_seconds: float, reason: object) -> RunStorageAway:
-    """The error an operator reads in the run's output when an outage outlasted the budget."""
-    message = (f"run storage database away for {seconds:.0f} s, past the {budget_seconds:.0f} s "
-               f"a run rides out ({OUTAGE_ENV}); giving up "
-               f"({str(reason).strip().splitlines()[0]})")
-    logger.error(message)
-    return RunStorageAway(message)
-
-
-def _database_away(error: Exception) -> bool:
-    message = str(error).lower()
-    return any(sign in message for sign in AWAY) and not refused_by_the_server(message)
+def _starting(store: Store, error: BaseException, seconds: float, wait: float) -> None:
+    logger.warning("%s, as the instance starts", wait_message(store, error, seconds, wait))

@@ -28,7 +28,9 @@ from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECOND
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 
 LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
-                 "test_dead_runs.py", "test_rerun_range.py", "test_docs_commands_run.py",
+                 "test_dead_runs.py", "test_dead_runs_on_the_code_server.py",
+                 "test_rerun_killed_on_celery.py", "test_rerun_range.py",
+                 "test_docs_commands_run.py",
                  "test_docs_operator_commands_run.py", "test_runbook.py",
                  "test_daemon_continuation_and_monitoring.py",
                  "test_celery_deployment.py", "test_calendar_sync_daemon.py",

@@ -135,7 +135,7 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
             assert fragment in message, f"{fragment!r} not in failure: {message}"
         assert after == before
         _check_the_shape(case, spec, job, instance, partition, standin, tmp_path, webhook,
-                         failed_run=result.run_id)
+                         warehouse_url, failed_run=result.run_id)
         return
     assert result.success, step_failure_message(instance, result.run_id)
     materialized = _materialized(instance, result.run_id)
@@ -165,11 +165,12 @@ def test_bad_input_is_refused_cleanly_and_keeps_what_was_loaded(
         for column, value in check["equals"].items():
             assert _same(row[column], value), f"{column}: {row[column]!r} != {value!r}"
     _check_the_shape(case, spec, job, instance, partition, standin, tmp_path, webhook,
-                     materialized=metadata)
+                     warehouse_url, materialized=metadata)
 
 
 def _check_the_shape(case: Case, spec, job, instance, partition: str, standin, tmp_path: Path,
-                     webhook: WebhookReceiver, materialized: dict | None = None,
+                     webhook: WebhookReceiver, warehouse_url: str,
+                     materialized: dict | None = None,
                      failed_run: str | None = None) -> None:
     """A case of a changed shape (``shape`` in its expectation): the partition's observation
     names the change and what the source sends now, a loaded partition's materialisation shows
@@ -189,8 +190,8 @@ def _check_the_shape(case: Case, spec, job, instance, partition: str, standin, t
         assert expected["check"] in check.description, check.description
     if failed_run is not None:
         # Said by the shape alert instead.
-        evaluate_run_failure_alerts(instance, failed_run, webhook)
-    tick = _shape_alert_sensor(instance, webhook)
+        evaluate_run_failure_alerts(instance, failed_run, webhook, warehouse_url)
+    tick = _shape_alert_sensor(instance, webhook, warehouse_url)
     [alert] = webhook.alerts
     assert (alert["kind"], alert["source"], alert["period"]) == (
         "source_shape", spec.name, partition)
@@ -219,11 +220,11 @@ def _send_again(case: Case, spec, job, instance, standin, tmp_path: Path) -> str
     return partition
 
 
-def _shape_alert_sensor(instance, webhook: WebhookReceiver):
+def _shape_alert_sensor(instance, webhook: WebhookReceiver, warehouse_url: str):
     """Ticks the sensor source_shape_alerts as the daemon does, keeping its cursor; ticked
     once."""
     [sensor] = [s for s in alert_sensors(ALL_SOURCES) if s.name == "source_shape_alerts"]
-    notifier = AlertNotifierResource(webhook_url=webhook.url)
+    notifier = AlertNotifierResource(database_url=warehouse_url, webhook_url=webhook.url)
     cursor = [None]
 
     def tick() -> None:

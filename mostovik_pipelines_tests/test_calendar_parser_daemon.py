@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from mostovik_pipelines.cli import main as mostovik
 from mostovik_pipelines.framework.runs.tags import run_partitions
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines_tests.support.schedule_calendar import (
@@ -35,7 +33,7 @@ CBR = cbr_daily_rates.SOURCE
 
 
 def test_a_weekend_of_cbr_ticks_loads_sundays_and_mondays_rates(calendar):
-    cal = calendar("cbr_daily_rates_schedule", cbr=0)
+    cal = calendar("cbr_daily_rates_schedule", lookback={"cbr_daily_rates": 0})
     saturday, sunday, monday = "2026-11-14", "2026-11-15", "2026-11-16"
     cal.tick("cbr_daily_rates_schedule", moscow(saturday, 16))  # Sunday's: not available yet
     assert _loaded(cal) == {saturday}
@@ -52,7 +50,7 @@ def test_a_weekend_of_cbr_ticks_loads_sundays_and_mondays_rates(calendar):
 
 def test_the_cbr_down_all_day_loads_at_the_next_days_first_tick_and_a_permanent_failure_waits(
         calendar):
-    cal = calendar("cbr_daily_rates_schedule", cbr=0)
+    cal = calendar("cbr_daily_rates_schedule", lookback={"cbr_daily_rates": 0})
     wednesday, thursday, friday = "2026-11-11", "2026-11-12", "2026-11-13"
     cal.standin.fault("malformed", times=1000, match="date_req=11/11/2026")  # Wednesday's
     cal.standin.fault("status", status=503, times=1000, match="date_req=12/11/2026")
@@ -70,10 +68,9 @@ def test_the_cbr_down_all_day_loads_at_the_next_days_first_tick_and_a_permanent_
     assert _loaded(cal) == {thursday}
     # Wednesday's failed for good at 12:00 and was never asked for again.
     assert len(runs_covering(cal, CBR, wednesday)) == 1
-    waiting = CliRunner(env={"DAGSTER_HOME": str(cal.daemon.dagster_home)}).invoke(
-        mostovik, ["jobs", "list", "--waiting", "--json"])
-    assert waiting.exit_code == 0, waiting.output
-    assert [job["waiting_for_operator"] for job in json.loads(waiting.output)] == [[wednesday]]
+    waiting = cal.mostovik("jobs", "list", "--waiting", "--json")
+    assert waiting.returncode == 0, waiting.stderr
+    assert [job["waiting_for_operator"] for job in json.loads(waiting.stdout)] == [[wednesday]]
     assert runs_at_once(cal, CBR) == []
     assert len(cal.launched) == 4
 

@@ -48,7 +48,7 @@ def _change_late_in_the_day(standin: StandinClient, day: str) -> dict:
 
 def test_the_first_erp_tick_after_midnight_syncs_the_window_an_order_changed_in_at_23_30(
         calendar):
-    cal = calendar("erp_work_orders_schedule", erp=1)
+    cal = calendar("erp_work_orders_schedule", lookback={"erp_work_orders": 1})
     day = "2026-11-10"
     first = cal.tick("erp_work_orders_schedule", moscow(day, 23, 5))
     assert requested_because(first) == [f"missing {day_after(day, -1)}; newest {day}"]
@@ -66,7 +66,7 @@ def test_the_first_erp_tick_after_midnight_syncs_the_window_an_order_changed_in_
 
 
 def test_the_daemon_down_across_midnight_catches_the_closed_window_up_when_it_is_back(calendar):
-    cal = calendar("erp_work_orders_schedule", erp=1)
+    cal = calendar("erp_work_orders_schedule", lookback={"erp_work_orders": 1})
     day = "2026-11-12"
     cal.tick("erp_work_orders_schedule", moscow(day, 22, 5))
     cal.daemon.stop()  # down from about 22:06 to 05:30

@@ -22,9 +22,10 @@ def test_a_day_of_every_schedule_through_outages_and_a_daemon_restart_adds_up_to
         postgres, standin_server):
     totals = run_calendar_chaos(postgres, standin_server, SEED, days=1, lookback_days=1,
                                 max_outage_ticks=1, sources=(CBR, ERP), down_sources=(CBR,),
-                                template=TEMPLATE_DB)
+                                template=TEMPLATE_DB, inbox=False, reruns=False)
     assert totals.failures == []
     assert any("down for its ticks" in event for event in totals.events)
     assert any(event.startswith("daemon down") for event in totals.events)
-    assert totals.checked == {"cbr dates": 2, "erp windows": 1}
+    assert totals.checked == {"cbr_daily_rates periods": 2, "erp_work_orders periods": 1,
+                              "inbox files": 0}
     assert sum(totals.runs.values()) <= 2 * totals.steps

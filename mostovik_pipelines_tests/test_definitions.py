@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dagster import AssetKey, DailyPartitionsDefinition
+from dagster import AssetCheckKey, AssetKey, DailyPartitionsDefinition
 
 import mostovik_pipelines
 from mostovik_pipelines.definitions import defs
@@ -105,10 +105,17 @@ def test_every_source_asset_reads_well_in_the_asset_graph():
             *(check.name for check in partition_checks(spec)), MATCHES_SOURCE}
         assert all(check_spec.partitions_def == spec.partitions_def
                    for check_spec in asset.check_specs)
-        assert asset_spec.freshness_policy == spec.freshness_policy
-    policies = {s.name: s.freshness_policy for s in ALL_SOURCES}
-    assert policies["cbr_daily_rates"].deadline_cron == "30 16 * * 1-5"
-    assert policies["erp_work_orders"].fail_window.to_timedelta().total_seconds() == 2 * 3600
+        # No Dagster freshness policy: it reads the newest load of any partition, so an old
+        # day re-loaded would make a source fresh while a due one is missing. The deadline
+        # check says which periods are late.
+        assert asset_spec.freshness_policy is None
+        deadline = AssetCheckKey(AssetKey(spec.name), "period_deadlines")
+        time_partitioned = spec.name != "material_deliveries"
+        assert (spec.deadline is not None) is time_partitioned
+        assert (deadline in defs.get_repository_def().asset_graph.asset_check_keys) is (
+            time_partitioned)
+        job = defs.resolve_job_def(f"{spec.name}_job")
+        assert deadline not in job.asset_layer.asset_graph.asset_check_keys
 
 
 def test_the_alert_sensors_run_by_default_and_watch_every_job_of_the_location():
@@ -116,10 +123,10 @@ def test_the_alert_sensors_run_by_default_and_watch_every_job_of_the_location():
 
     repository = defs.get_repository_def()
     failures = repository.get_sensor_def("run_failure_alerts")
-    freshness = repository.get_sensor_def("freshness_alerts")
-    shapes = repository.get_sensor_def("source_shape_alerts")
-    assert failures.default_status is freshness.default_status is DefaultSensorStatus.RUNNING
-    assert shapes.default_status is DefaultSensorStatus.RUNNING
+    others = [repository.get_sensor_def(name) for name in (
+        "source_shape_alerts", "alert_outbox", "period_deadlines", "cancelled_runs_status")]
+    assert failures.default_status is DefaultSensorStatus.RUNNING
+    assert all(sensor.default_status is DefaultSensorStatus.RUNNING for sensor in others)
     # No monitored jobs and not all code locations: every job of this location, the implicit
     # asset job of UI asset backfills included.
     assert failures._monitored_jobs == [] and not failures._monitor_all_code_locations
@@ -161,7 +168,8 @@ def test_dg_checks_lists_and_launches_next_to_the_classic_cli(
     listed = json.loads(done["list"][1])
     assert {a["asset_key"] for a in listed["assets"]} == {s.name for s in ALL_SOURCES}
     assert {"cbr_daily_rates_job", "erp_work_orders_job"} <= {j["name"] for j in listed["jobs"]}
-    assert {"run_failure_alerts", "freshness_alerts"} <= {s["name"] for s in listed["sensors"]}
+    assert {"run_failure_alerts", "period_deadlines", "alert_outbox"} <= {
+        s["name"] for s in listed["sensors"]}
     with DagsterInstance.from_config(environment["DAGSTER_HOME"]) as instance:
         [run] = instance.get_runs()
     assert run.status is DagsterRunStatus.SUCCESS

@@ -25,7 +25,8 @@ from dagster import (
 )
 
 from mostovik_pipelines import instance_storage
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING
+from mostovik_pipelines.framework import outages
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.claims import KEEPER_CHECK_SECONDS, RETAKE_GRACE_SECONDS
 from mostovik_pipelines.instance_storage import _ping_on_checkout, storage_engine
 from mostovik_pipelines_tests.support.instances import production_instance
@@ -184,9 +185,9 @@ def test_a_kept_connection_that_died_since_its_last_call_is_replaced_and_the_cal
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE datname = %s AND pid <> pg_backend_pid()", (database,)).fetchone()[0]
         assert ended >= 1, "the instance kept no connection to end"
-        with caplog.at_level(logging.WARNING, logger=instance_storage.__name__):
+        with caplog.at_level(logging.WARNING, logger=outages.__name__):
             assert instance.get_run_by_id(run.run_id).run_id == run.run_id
-    assert any("connection lost during" in r.getMessage() for r in caplog.records)
+    assert any("the run storage database away" in r.getMessage() for r in caplog.records)
 
 
 def test_storing_check_results_asks_for_the_check_table_once(production_home, monkeypatch):
@@ -256,7 +257,7 @@ def test_a_run_storage_away_past_the_90_s_budget_under_a_live_run_fails_it_writi
     database is back, a re-run of the partition loads it exactly."""
     run_storage = ThrowawayPostgres().start()
     try:
-        for budget in (instance_storage.OUTAGE_ENV, OUTAGE_SETTING):
+        for budget in (instance_storage.OUTAGE_ENV, setting_of(Store.WAREHOUSE)):
             monkeypatch.delenv(budget, raising=False)
         home, env = _slow_source_run_environment(
             run_storage, "dagster_past_budget", pg_warehouse_url, standin_server, tmp_path,

@@ -1,7 +1,8 @@
 """`mostovik new-source`: what it writes for each kind of source passes its tests at once, honours
 the whole contract, is verified and rebuilt from the ledger like every source, is lint-clean, its
-migration imports nothing of the project, and it changes no file that existed: a source is new
-files only. Run on a copy of the repository, so the real one is never touched."""
+migration imports nothing of the project, it changes no file that existed (a source is new files
+only), and the calendar suite covers it without an edit of the tests' support. Run on a copy of
+the repository, so the real one is never touched."""
 
 from __future__ import annotations
 
@@ -55,6 +56,34 @@ def _run(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProces
                           timeout=timeout)
 
 
+CALENDAR_COVERS_THEM = """
+import random
+from pathlib import Path
+
+from mostovik_pipelines.standin import StandinServer
+from mostovik_pipelines_tests.chaos.calendar_steps import ROUTES, SPECS, calendar_steps
+from mostovik_pipelines_tests.support.fake_clock import code_location_environment
+from mostovik_pipelines_tests.support.period_truth import expected_rows
+from mostovik_pipelines_tests.support.schedule_calendar import ALL_SCHEDULES, moscow
+
+new = ("scaffold_parser", "scaffold_sync")
+server = StandinServer().start()
+try:
+    environment = code_location_environment(Path("unused"), "sqlite://", server)
+    for name in new:
+        spec = SPECS[name]
+        assert f"{name}_schedule" in ALL_SCHEDULES and name in ROUTES, name
+        assert environment[spec.url_setting] == server.endpoint_url(name)
+        assert spec.deadline is not None and spec.catch_up.settings_prefix, name
+        assert [step for step in calendar_steps(1, random.Random(1), (name,))], name
+        assert expected_rows(spec, "2026-11-03", server, moscow("2026-11-05", 0)) is not None
+        print(name)
+finally:
+    server.stop()
+"""
+"""Run in the copy: the new parser and sync sources (scheduled) are in the calendar suite."""
+
+
 def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_path):
     copy = _copy_of_the_repository(tmp_path / "repo")
     before = _files(copy)
@@ -81,6 +110,13 @@ def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_
         linted = _run([str(ruff), "check", "--no-cache", "mostovik_pipelines",
                        "mostovik_pipelines_tests"], copy, timeout=120)
         assert linted.returncode == 0, linted.stdout[-3000:]
+
+    # The calendar suite and its truth judge take their sources from the declarations: the
+    # scheduled new sources are in them, their stand-ins wired, their periods judged, with no
+    # edit of the tests' support.
+    covered = _run([sys.executable, "-c", CALENDAR_COVERS_THEM], copy, timeout=300)
+    assert covered.returncode == 0, covered.stderr[-3000:]
+    assert covered.stdout.split() == ["scaffold_parser", "scaffold_sync"], covered.stdout
 
     tests = [f"mostovik_pipelines_tests/sources/{name}/test_{name}.py" for name in KINDS]
     contract = "mostovik_pipelines_tests/test_source_contract.py"

@@ -31,8 +31,8 @@ from mostovik_pipelines import cli
 from mostovik_pipelines.framework.load import sql as load_sql
 from mostovik_pipelines.framework.load.partition import load_partition
 from mostovik_pipelines.framework.load_target import LoadMode, LoadTarget
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.quality.quarantine import quarantined_rows, replace_quarantine
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING
 from mostovik_pipelines.framework.spec import RejectedRow
 from mostovik_pipelines.resources import HttpSourceResource, WarehouseResource
 from mostovik_pipelines.resources.warehouse import warehouse_engine
@@ -93,7 +93,7 @@ def test_the_database_password_never_leaves_the_environment(
 
     def command(*args: str, database_url: str = pg_warehouse_url) -> subprocess.CompletedProcess:
         # A database that is not there is away for good: its step's outage budget is seconds.
-        away = {OUTAGE_SETTING: "3"} if database_url != pg_warehouse_url else {}
+        away = {setting_of(Store.WAREHOUSE): "3"} if database_url != pg_warehouse_url else {}
         return subprocess.run(
             args, env={**environment, "MOSTOVIK_DATABASE_URL": database_url, **away},
             cwd=tmp_path,

@@ -103,7 +103,7 @@ def test_a_source_without_retries_is_named(example):
 
 
 def test_a_source_without_a_shape_is_named(example):
-    found = problems_of(dataclasses.replace(example, shape=None))
+    found = problems_of(dataclasses.replace(example, shape=None, empty_payload_is_valid=False))
     assert f"no shape declared in mostovik_pipelines/sources/{EXAMPLE}/source.py" in found
 
 

@@ -1,10 +1,10 @@
 """The operator's day in the Dagster UI, through the real ``dagster-webserver`` and
 ``dagster-daemon`` on the production instance (deploy/dagster.yaml: PostgreSQL storage, the run
-queue, freshness evaluation), driven only the way the Dagster UI drives it: GraphQL over HTTP.
+queue, the deadlines' sensor), driven only the way the Dagster UI drives it: GraphQL over HTTP.
 
-What the operator sees (assets with their schema, owners, kinds, checks and freshness; a
+What the operator sees (assets with their schema, owners, kinds, checks and no freshness; a
 partition's figures) and does (backfill partitions, re-execute a failed run from failure), and
-what reaches the team: one webhook alert per failed job and per stale source, at a local
+what reaches the team: one webhook alert per failed job and per late period, at a local
 receiver, with no secret in it.
 
 One webserver and daemon serve the whole module (starting them costs ~20 s), so the tests share a
@@ -69,8 +69,8 @@ STALE_SOURCE = "erp_work_orders"
 """Its last sync is made three hours old before the daemon starts: past its 2-hour policy. Its
 hourly schedule is stopped in the UI before the daemon starts (the sync stopped): its tick at
 minute 5 of any hour the module spans would sync it and make it fresh."""
-ALERT_SENSORS = ("run_failure_alerts", "freshness_alerts", "cancelled_runs_status",
-                 "source_shape_alerts")
+ALERT_SENSORS = ("run_failure_alerts", "cancelled_runs_status", "source_shape_alerts",
+                 "alert_outbox", "period_deadlines")
 ALERT_SENSOR_INTERVAL_SECONDS = 5
 FRESHNESS_INTERVAL_SECONDS = 5
 OUR_RUN_TAGS = {"mostovik/source", "mostovik/job_type", "mostovik/status"}
@@ -108,6 +108,7 @@ def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook
             "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
             # The alert sensors look more often here (15 s by default): alert tests wait on them.
             "MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS": str(ALERT_SENSOR_INTERVAL_SECONDS),
+            "MOSTOVIK_DEADLINE_SENSOR_INTERVAL_SECONDS": str(ALERT_SENSOR_INTERVAL_SECONDS),
             # Dagster's own: how often the daemon evaluates freshness policies (default 30 s).
             "FRESHNESS_DAEMON_INTERVAL_SECONDS": str(FRESHNESS_INTERVAL_SECONDS),
         })
@@ -161,8 +162,9 @@ def test_the_code_location_loads_with_its_assets_checks_jobs_schedules_and_senso
         **{f"{name}_inbox_sensor": "RUNNING" for name, spec in SPECS.items() if spec.sensor},
         **{name: "RUNNING" for name in ALERT_SENSORS}, "dead_runs": "RUNNING"}
     assert contents.asset_checks == sorted(
-        f"{name}:{check}" for name, checks in CHECKS.items()
-        for check in [*checks, MATCHES_SOURCE])
+        [f"{name}:{check}" for name, checks in CHECKS.items()
+         for check in [*checks, MATCHES_SOURCE]]
+        + [f"{name}:period_deadlines" for name, spec in SPECS.items() if spec.deadline])
     daemons = services.graphql.daemon_statuses()
     for daemon in ("QUEUED_RUN_COORDINATOR", "BACKFILL", "SENSOR", "SCHEDULER",
                    "FRESHNESS_DAEMON"):
@@ -182,12 +184,10 @@ def test_every_source_reads_well_in_the_asset_graph(services):
                     if entry["label"] == "dagster/column_schema"]
         assert [column["name"] for column in schema["columns"]] == list(spec.table.columns.keys())
         assert all(column["type"] for column in schema["columns"])
-    cbr, erp = services.graphql.asset_node(ASSET), services.graphql.asset_node(STALE_SOURCE)
-    assert cbr["internalFreshnessPolicy"] == {"__typename": "CronFreshnessPolicy",
-                                              "deadlineCron": "30 16 * * 1-5",
-                                              "timezone": "Europe/Moscow"}
-    assert erp["internalFreshnessPolicy"] == {"__typename": "TimeWindowFreshnessPolicy",
-                                              "failWindowSeconds": 7200}
+        # No Dagster freshness policy (it reads the newest load of any partition): the UI never
+        # calls a source fresh; the period_deadlines check says which periods are late.
+        assert node["internalFreshnessPolicy"] is None
+        assert node["freshnessStatusInfo"] is None
 
 
 def test_a_failed_partition_alerts_once_and_is_re_executed_from_failure_to_exact_data(
@@ -373,24 +373,34 @@ def test_a_daemon_killed_mid_backfill_and_started_again_finishes_it_each_partiti
         partition: RATES_PER_DATE for partition in partitions}
 
 
-def test_a_stale_source_shows_in_the_ui_and_raises_one_alert(services, webhook):
-    """The daemon evaluates the ERP sync's policy (within 2 hours) against its last sync, three
-    hours old: the asset shows degraded freshness and the team gets one alert."""
-    # The daemon's record of the source's freshness, as the asset page shows it: its first
-    # evaluation records the state (a state is recorded only when it changes).
-    wait_until(lambda: services.graphql.asset_node(STALE_SOURCE)["freshnessStatusInfo"][
-        "freshnessStatus"] == "DEGRADED", limit_for(FRESHNESS_INTERVAL_SECONDS),
-        f"{STALE_SOURCE} shown DEGRADED", services.log_tails, poll=1)
-    [alert] = webhook.wait_for(lambda a: a["kind"] == "freshness",
-                               timeout=limit_for(ALERT_SENSOR_INTERVAL_SECONDS))
-    assert {k: alert[k] for k in ("source", "job_status", "error_class")} == {
-        "source": STALE_SOURCE, "job_status": "stale", "error_class": "freshness"}
-    assert alert["period"] == SPECS[STALE_SOURCE].partitions_def.get_last_partition_key()
-    assert "due within 2:00:00 of its last load" in alert["message"]
-    assert alert["link"] == f"{services.url}/assets/{STALE_SOURCE}"
-    # The rates were loaded in this module: fresh.
-    assert services.graphql.asset_node(ASSET)["freshnessStatusInfo"]["freshnessStatus"] in (
-        "HEALTHY", "UNKNOWN")
+def test_the_late_periods_show_red_in_the_ui_and_each_raises_one_alert(
+        services, webhook, warehouse_url):
+    """The CBR's check period_deadlines, evaluated by its sensor, is red over GraphQL naming
+    exactly the due dates of last week the warehouse does not hold, and each of them got one
+    late alert."""
+    services.graphql.wait_for_more_ticks("period_deadlines", 1, ALERT_SENSOR_INTERVAL_SECONDS)
+    [execution] = services.graphql.check_executions(ASSET, "period_deadlines", limit=1)
+    assert execution["status"] == "FAILED" and execution["evaluation"]["severity"] == "ERROR"
+    described = execution["evaluation"]["description"]
+    spec = SPECS[ASSET]
+    loaded = set(_rows_per_date(warehouse_url))
+    # Watched: the periods whose window ends after the first run's lookback (7 days).
+    watched_from = datetime.now(UTC) - spec.catch_up.lookback + timedelta(hours=1)
+    last_week = [key for key in (_last_week(day).isoformat() for day in range(7))
+                 if spec.partitions_def.time_window_for_partition_key(key).end > watched_from]
+    due_unloaded = [day for day in last_week if day not in loaded]
+    assert due_unloaded, "every day of last week loaded: nothing to see late"
+    for day in last_week:
+        assert (f"{day} (due" in described) is (day in due_unloaded), (day, described)
+    late = webhook.wait_for(lambda a: a["kind"] == "late" and a["period"] in due_unloaded,
+                            timeout=limit_for(ALERT_SENSOR_INTERVAL_SECONDS))
+    assert sorted(a["period"] for a in late) == sorted(due_unloaded)
+    assert all(a["source"] == ASSET and a["link"] == f"{services.url}/assets/{ASSET}"
+               for a in late)
+    assert all(count == 1 for count in webhook.delivered().values())
+    window = spec.partitions_def.time_window_for_partition_key(late[0]["period"])
+    due = spec.deadline.due(window.start, window.end)
+    assert f"due {due.isoformat(timespec='minutes')}" in late[0]["message"]
 
 
 def test_one_alert_per_failed_job_no_secret_in_any_and_a_readable_run_list(
@@ -412,7 +422,7 @@ def test_one_alert_per_failed_job_no_secret_in_any_and_a_readable_run_list(
     services.graphql.wait_for_more_ticks("run_failure_alerts", 2, ALERT_SENSOR_INTERVAL_SECONDS)
     run_alerts = [alert["run_id"] for alert in webhook.alerts if alert["kind"] == "run_failure"]
     assert sorted(run_alerts) == sorted(failed)
-    assert [a["source"] for a in webhook.alerts if a["kind"] == "freshness"] == [STALE_SOURCE]
+    assert all(count == 1 for count in webhook.delivered().values())
 
     sent = json.dumps(webhook.alerts)
     for secret in (postgres.password, webhook.token, os.environ.get("MOSTOVIK_ERP_TOKEN")):

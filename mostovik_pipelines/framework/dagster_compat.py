@@ -15,10 +15,6 @@ from typing import Any
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
-from dagster._core.definitions.freshness import (
-    CronFreshnessPolicy,
-    TimeWindowFreshnessPolicy,
-)
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.events import EngineEventData, JobFailureData, RunFailureReason
 from dagster._core.execution.api import create_execution_plan
@@ -32,16 +28,16 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
-from dagster._core.storage.tags import RUN_KEY_TAG
+from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, RUN_KEY_TAG
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 __all__ = [
+    "AUTO_RETRY_RUN_ID_TAG",
     "RUN_KEY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "BulkActionStatus",
     "BulkActionsFilter",
-    "CronFreshnessPolicy",
     "EngineEventData",
     "KnownExecutionState",
     "LoadableTargetOrigin",
@@ -52,8 +48,8 @@ __all__ = [
     "RemoteJobOrigin",
     "RemoteRepositoryOrigin",
     "RetryMode",
-    "TimeWindowFreshnessPolicy",
     "celery_executor_internals",
+    "code_server_runs",
     "create_execution_plan",
     "run_event_log_dir",
     "run_failed_unexpectedly",
@@ -79,6 +75,38 @@ def run_failed_unexpectedly(instance: Any, run: Any, message: str) -> None:
     failure data and reason it takes are not."""
     instance.report_run_failed(run, message, JobFailureData(
         error=None, failure_reason=RunFailureReason.UNEXPECTED_TERMINATION))
+
+
+CODE_SERVER_TIMEOUT_SECONDS = 10
+
+
+def code_server_runs(run: Any) -> bool | None:
+    """Whether the code server that launched ``run`` still executes it: what that server answers
+    when asked whether the run can be cancelled (it can while the server holds the run's live
+    process and no cancel was asked for); False when it cannot be reached or is another
+    server now (started again, it knows none of the old one's runs); None for a run no code
+    server launched. The server named is the run's ``dagster/grpc_info`` tag, which Dagster's
+    run launcher writes just before it asks the server to start the run."""
+    import json
+
+    from dagster._core.errors import DagsterUserCodeUnreachableError
+    from dagster._core.storage.tags import GRPC_INFO_TAG
+    from dagster._grpc.client import DagsterGrpcClient
+    from dagster._grpc.types import CanCancelExecutionRequest, CanCancelExecutionResult
+    from dagster._serdes import deserialize_value
+
+    if GRPC_INFO_TAG not in run.tags:
+        return None
+    info = json.loads(run.tags[GRPC_INFO_TAG])
+    client = DagsterGrpcClient(port=info.get("port"), socket=info.get("socket"),
+                               host=info.get("host", "localhost"),
+                               use_ssl=bool(info.get("use_ssl", False)))
+    try:
+        answer = client.can_cancel_execution(CanCancelExecutionRequest(run_id=run.run_id),
+                                             timeout=CODE_SERVER_TIMEOUT_SECONDS)
+    except DagsterUserCodeUnreachableError:
+        return False
+    return deserialize_value(answer, CanCancelExecutionResult).can_cancel
 
 
 def run_event_log_dir(instance: Any) -> Path | None:

@@ -51,10 +51,11 @@ TOO_MANY_CLIENTS = ("too many clients", "too many connections",
                     "remaining connection slots are reserved")
 OUTAGE_KINDS = frozenset({"database_connection_lost", "broker", "object_store_unreachable"})
 """Kinds of failure that mean a part we stand on is away (the warehouse, the broker or the object
-store restarting or failing over): retried for as long as the step's outage budget lasts, not a
-count of tries."""
-RUN_RETRY_ONLY_KINDS = frozenset({"run_claim_lost"})
-"""Transient kinds a step does not retry: the run cannot go on, a new run may."""
+store restarting or failing over): ridden out for as long as that store's outage budget lasts,
+not a count of tries (:mod:`.outages`)."""
+RUN_RETRY_ONLY_KINDS = frozenset({"run_claim_lost", "store_away"})
+"""Transient kinds a step does not retry: the run cannot go on (its claim is lost, a store
+stayed away past its outage budget: :mod:`.outages`), a new run may."""
 
 TRANSIENT_ERRNOS = {
     errno.EAGAIN: "resource temporarily unavailable",
@@ -270,7 +271,11 @@ def classify(exc: BaseException) -> Verdict:
         return _classify_database_error(exc, reason)
     if psycopg and isinstance(exc, psycopg.Error):
         # Raised by the driver itself, unwrapped, on the loader's COPY path.
-        return _classify_driver_error(exc, reason)
+        return _classify_driver_error(exc, reason, psycopg)
+    psycopg2 = sys.modules.get("psycopg2")
+    if psycopg2 and isinstance(exc, psycopg2.Error):
+        # dagster-postgres' driver, unwrapped where the instance storage opens a connection.
+        return _classify_driver_error(exc, reason, psycopg2)
     if isinstance(exc, sqlalchemy.exc.ArgumentError | sqlalchemy.exc.NoSuchModuleError):
         return Verdict(False, "configuration_error", reason)
     if isinstance(exc, sqlite3.OperationalError) and _sqlite_is_busy(exc):
@@ -318,19 +323,20 @@ def _classify_database_error(exc: sqlalchemy.exc.DBAPIError, reason: str) -> Ver
     return Verdict(False, "database_error", reason)
 
 
-def _classify_driver_error(exc: psycopg.Error, reason: str) -> Verdict:
-    psycopg = sys.modules["psycopg"]
-    sqlstate = exc.sqlstate
+def _classify_driver_error(exc: psycopg.Error, reason: str, driver) -> Verdict:
+    """An error of a PostgreSQL driver (``driver``: psycopg, or psycopg2, whose SQLSTATE is
+    ``pgcode``)."""
+    sqlstate = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
     if sqlstate in UNAVAILABLE_SQLSTATES:
         return Verdict(True, "database_connection_lost",
                        f"{UNAVAILABLE_SQLSTATES[sqlstate]}: {reason}")
     if sqlstate in TRANSIENT_SQLSTATES:
         return Verdict(True, "database_transient", f"{TRANSIENT_SQLSTATES[sqlstate]}: {reason}")
-    if sqlstate is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+    if sqlstate is None and isinstance(exc, driver.OperationalError | driver.InterfaceError):
         return _classify_connection_failure(reason)
     if sqlstate and sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES:
         return Verdict(True, "database_connection_lost", reason)
-    if isinstance(exc, psycopg.IntegrityError):
+    if isinstance(exc, driver.IntegrityError):
         return Verdict(False, "integrity_violation", reason)
     return Verdict(False, "database_error", reason)
 

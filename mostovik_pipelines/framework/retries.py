@@ -8,18 +8,21 @@ own, so no exception is ever retried without passing through :func:`.errors.clas
 
 The budget is per partition, not per step: every retry is recorded as an observation of the
 failing partition (``mostovik/retry``: op, attempt, reason, wait), and a partition's attempts are
-counted from its own records in the run's event log. A part we stand on being away (the
-warehouse or the broker restarting or failing over, :attr:`.errors.Verdict.outage`) has a budget
-of its own, in seconds ridden out rather than attempts: a failover of up to a minute passes
-without an operator, whatever the source's attempts, and a longer one fails as transient. Three
-partitions of a year-long backfill that each fail once take one retry each, and the rest keep
-their full budget. The same records show an operator every retry, per partition, in the UI.
+counted from its own records in the run's event log. Three partitions of a year-long backfill that
+each fail once take one retry each, and the rest keep their full budget. The same records show an
+operator every retry, per partition, in the UI.
+
+A part we stand on being away (the warehouse or the object store restarting or failing over) is
+not a failure to count: each partition's work is ridden out in place (:mod:`.outages`, the steps'
+:func:`.steps.lifecycle.riding_out`), each wait recorded on the partition the same way
+(:func:`outage_recorder`, ``"outage": true``), and past the store's budget the
+:class:`.outages.StoreAway` it raises fails the partition here, as transient, without a retry.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dagster import (
     AssetKey,
@@ -32,16 +35,8 @@ from dagster import (
 )
 
 from mostovik_pipelines.framework.errors import Verdict, classify
+from mostovik_pipelines.framework.outages import BUDGETS, Store, first_line
 from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY
-from mostovik_pipelines.settings import setting
-
-OUTAGE_SETTING = "MOSTOVIK_STEP_OUTAGE_SECONDS"
-
-
-def _outage_budget() -> float:
-    """The deployment's outage budget (``MOSTOVIK_STEP_OUTAGE_SECONDS``, 90 s): a site whose
-    database fails over in longer, or a test whose warehouse is away on purpose, sets it."""
-    return float(setting(OUTAGE_SETTING, "90"))
 
 
 @dataclass(frozen=True)
@@ -55,9 +50,6 @@ class RetryPolicy:
     """Share of the delay drawn at random, so that parallel runs do not retry in lockstep."""
     retry_after_cap_seconds: float = 300.0
     """The longest ``Retry-After`` honoured; a source asking for more is waited on this long."""
-    outage_seconds: float = field(default_factory=_outage_budget)
-    """How long a step rides out the warehouse or the broker being away (a restart or failover
-    takes ten to sixty seconds), retrying with backoff, before it fails as transient."""
 
     def wait_seconds(self, attempt: int, retry_after: float | None = None) -> float:
         """The wait before attempt ``attempt + 1``."""
@@ -92,37 +84,46 @@ def retry_or_fail(
     and the partition has attempts left (recorded, logged with reason, context and wait), else
     the final failure."""
     verdict = classify(exc)
-    retries = _retries_before(context, step, policy)
-    outage_waited = sum(r.get("wait_seconds", 0.0) for r in retries if r.get("outage"))
-    attempt = sum(not r.get("outage") for r in retries) + 1
-    if not verdict.retried_by_step or policy.max_attempts <= 1:
+    attempt = sum(not r.get("outage") for r in _retries_before(context, step, policy)) + 1
+    if not verdict.retried_by_step or policy.max_attempts <= 1 or attempt >= policy.max_attempts:
         return failure_for(step, verdict, attempt, policy)
-    if verdict.outage:
-        if outage_waited >= policy.outage_seconds:
-            return failure_for(step, verdict, attempt, policy, outage_waited)
-        outages = sum(bool(r.get("outage")) for r in retries) + 1
-        wait = min(policy.wait_seconds(outages), policy.outage_seconds - outage_waited)
-        message = (f"{step.describe()}: {verdict.kind.replace('_', ' ')} ({verdict.reason}); "
-                   f"retrying in {wait:.1f}s, {outage_waited + wait:.0f} s of an outage of up "
-                   f"to {policy.outage_seconds:.0f} s ridden out")
-    elif attempt >= policy.max_attempts:
-        return failure_for(step, verdict, attempt, policy)
-    else:
-        wait = policy.wait_seconds(attempt, verdict.retry_after)
-        message = (f"{step.describe()}: attempt {attempt} of {policy.max_attempts} failed "
-                   f"({verdict.kind}: {verdict.reason}); retrying in {wait:.1f}s")
-    context.log.warning(message)
-    context.log_event(AssetObservation(
-        asset_key=AssetKey(step.source), partition=step.partition_key,
-        description=message,
-        metadata={RETRY_METADATA_KEY: MetadataValue.json({
-            "op": step.step, "attempt": attempt, "max_attempts": policy.max_attempts,
-            "kind": verdict.kind, "reason": verdict.reason, "wait_seconds": wait,
-            "outage": verdict.outage,
-        })},
-    ))
+    wait = policy.wait_seconds(attempt, verdict.retry_after)
+    message = (f"{step.describe()}: attempt {attempt} of {policy.max_attempts} failed "
+               f"({verdict.kind}: {verdict.reason}); retrying in {wait:.1f}s")
+    _record(context, step, message, {"attempt": attempt, "max_attempts": policy.max_attempts,
+                                     "kind": verdict.kind, "reason": verdict.reason,
+                                     "wait_seconds": wait, "outage": False})
     # The step restarts whole; its partitions already done are not redone (see the factory).
     return RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=wait)
+
+
+def outage_recorder(context: OpExecutionContext, step: StepContext):
+    """What a partition's work tells of each wait while a store is away (an ``on_wait`` of
+    :func:`.outages.ride_out`): a warning in the run's log and a ``mostovik/retry`` record of
+    the partition, ``"outage": true``, with the seconds ridden out so far."""
+    waits = 0
+
+    def record(store: Store, error: BaseException, seconds: float, wait: float) -> None:
+        nonlocal waits
+        waits += 1
+        budget = BUDGETS[store]
+        verdict = classify(error)
+        message = (f"{step.describe()}: {budget.what} away ({first_line(error)}); retrying in "
+                   f"{wait:.1f}s, {seconds + wait:.0f} s of an outage of up to "
+                   f"{budget.seconds():.0f} s ridden out ({budget.setting})")
+        _record(context, step, message, {"attempt": waits, "kind": verdict.kind,
+                                         "reason": verdict.reason, "wait_seconds": wait,
+                                         "outage": True, "store": store.value})
+
+    return record
+
+
+def _record(context: OpExecutionContext, step: StepContext, message: str, retry: dict) -> None:
+    context.log.warning(message)
+    context.log_event(AssetObservation(
+        asset_key=AssetKey(step.source), partition=step.partition_key, description=message,
+        metadata={RETRY_METADATA_KEY: MetadataValue.json({"op": step.step, **retry})},
+    ))
 
 
 def _retries_before(context: OpExecutionContext, step: StepContext,
@@ -143,13 +144,11 @@ def _retries_before(context: OpExecutionContext, step: StepContext,
     return retries
 
 
-def failure_for(step: StepContext, verdict: Verdict, attempt: int, policy: RetryPolicy,
-                outage_waited: float | None = None) -> Failure:
+def failure_for(step: StepContext, verdict: Verdict, attempt: int,
+                policy: RetryPolicy) -> Failure:
     """The final, non-retried failure of a step, with its context as metadata."""
-    if outage_waited is not None:
-        headline = (f"{step.describe()}: {verdict.kind.replace('_', ' ')} for "
-                    f"{outage_waited:.0f} s, past the {policy.outage_seconds:.0f} s a step rides "
-                    f"out ({OUTAGE_SETTING}); nothing of this step was committed")
+    if verdict.kind == "store_away":
+        headline = f"{step.describe()}: gave up; nothing of this partition's work was committed"
     elif verdict.retried_by_step:
         headline = (
             f"{step.describe()}: source unavailable after {attempt} attempts"

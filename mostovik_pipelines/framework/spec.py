@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any
 from dagster import (
     BackfillPolicy,
     ConfigurableResource,
-    FreshnessPolicy,
     PartitionsDefinition,
     TimeWindowPartitionsDefinition,
 )
 from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
-from mostovik_pipelines.framework.automation.policy import CatchUpPolicy
+from mostovik_pipelines.framework.automation.policy import CatchUpPolicy, PeriodDeadline
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.framework.quality.shape import (
     AddedFieldPolicy,
@@ -320,9 +319,10 @@ class SourceSpec:
     every source whose natural key does not include the partition column (and only there): such
     a key can move between partitions, so every load of the table runs alone."""
     empty_payload_is_valid: bool = False
-    """Replace-partition sources: a payload that parses to no rows at all is a legitimate
-    delivery (no records on a holiday) and empties the partition. Unset, such a payload fails
-    the run as a contract error instead of wiping the partition."""
+    """Replace-partition sources: a payload that says positively that it holds no records (no
+    records on a holiday, and nothing else: ``SourceShape.records``) is a legitimate delivery
+    and empties the partition. Unset, or when the payload holds something else, a payload
+    without rows fails the run as a contract error instead of wiping the partition."""
     url_setting: str | None = None
     """The environment variable that holds the source's endpoint URL, read by the source module
     itself; ``mostovik demo``, ``make dev`` point it at the source's stand-in endpoint."""
@@ -338,9 +338,10 @@ class SourceSpec:
     protocol: str = "http"
     """How the source is reached (``http``, ``rest``, ``file``...): a kind of its asset, next to
     the warehouse's storage."""
-    freshness_policy: FreshnessPolicy | None = None
-    """When the source's data must have been loaded; the daemon evaluates it, a stale source
-    shows in the UI and raises an alert (:mod:`.alerts`)."""
+    deadline: PeriodDeadline | None = None
+    """Time-partitioned sources: when each period is due. Its check ``period_deadlines`` is red
+    while a due period is not final, and a late period is alerted once
+    (:mod:`.automation.deadlines`)."""
     checks: Sequence[PartitionCheck] = ()
     """The source's own asset checks, run after the framework's (:mod:`.checks`)."""
     catch_up: CatchUpPolicy = field(default_factory=CatchUpPolicy)
@@ -424,6 +425,15 @@ def _refuse_implicit_rules(spec: SourceSpec) -> None:
             "such a row does: key_held_elsewhere=KeyHeldElsewhere.MOVE (it moves to the "
             "partition loading it: synced records) or KeyHeldElsewhere.REJECT (it goes to "
             "quarantine: two files claiming one line)")
+    if spec.deadline is not None and not isinstance(spec.partitions_def,
+                                                    TimeWindowPartitionsDefinition):
+        raise ValueError(f"{where}: a deadline needs time-window partitions (a file version "
+                         "is due when it arrives: declare none)")
+    if spec.empty_payload_is_valid and (spec.shape is None or not spec.shape.records):
+        raise ValueError(
+            f"{where}: empty_payload_is_valid needs the records named in its shape "
+            "(shape=SourceShape(..., records='Record')): a payload without rows is an empty "
+            "period only when it says so, holding no record and nothing else")
     if spec.max_rejected_share is None:
         raise ValueError(
             f"{where}: declare max_rejected_share, the share of a partition's rows that may go "

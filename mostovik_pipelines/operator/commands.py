@@ -43,8 +43,9 @@ def _signature(job) -> str:
 @click.option("--limit", default=50, show_default=True)
 @click.option("--stuck", is_flag=True, help="Jobs running longer than their source allows.")
 @click.option("--waiting", is_flag=True,
-              help="Failed jobs whose partitions wait for an operator (failed for a permanent "
-                   "reason, or cancelled: nothing asks for them again automatically).")
+              help="What waits for an operator: failed jobs whose partitions failed for a "
+                   "permanent reason or were cancelled, and partitions that left their "
+                   "source's lookback unloaded (nothing asks for either again).")
 @click.option("--json", "as_json", is_flag=True)
 def jobs_list(source, job_type, status, period_from, period_to, since, limit, stuck, waiting,
               as_json) -> None:
@@ -74,11 +75,14 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
     waits = {job.run_id: waiting_for_operator(instance, specs[job.source], job.partitions,
                                               job.run_id)
              for job in found if job.status is JobStatus.FAILED and job.source in specs}
+    aged_out = []
     if waiting:
         found = [job for job in found if waits.get(job.run_id)]
+        aged_out = _aged_out(instance, [spec for spec in ALL_SOURCES
+                                        if source in (None, spec.name)])
     if as_json:
-        click.echo(json.dumps([{**job.as_dict(), "waiting_for_operator": waits.get(
-            job.run_id, [])} for job in found], indent=1, default=str))
+        click.echo(json.dumps([*({**job.as_dict(), "waiting_for_operator": waits.get(
+            job.run_id, [])} for job in found), *aged_out], indent=1, default=str))
     else:
         click.echo(f"{'run':<36}  {'source':<16} {'type':<6} {'period':<23} {'status':<9} "
                    f"{'ins':>5} {'upd':>5} {'del':>5} {'rej':>4}  launched by")
@@ -90,8 +94,34 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
                        f"{t.get('rejected', 0):>4}  {job.launched_by}{_signature(job)}"
                        + (f"; waiting for an operator: {', '.join(waits[job.run_id])}"
                           if waits.get(job.run_id) else ""))
+        for entry in aged_out:
+            click.echo(f"{entry['source']} {entry['period']}: waiting for an operator: "
+                       f"{entry['why']}")
     if stuck and found:
         sys.exit(EXIT_JOB_FAILED)
+
+
+def _aged_out(instance, specs) -> list[dict]:
+    """The periods that left their source's lookback unloaded and wait for nobody's run but an
+    operator's (those failed for good are listed with their job)."""
+    from datetime import UTC, datetime
+
+    from mostovik_pipelines.framework.automation.deadlines import deadline_state
+
+    now = datetime.now(UTC)
+    found = []
+    for spec in specs:
+        if spec.deadline is None:
+            continue
+        for period in deadline_state(instance, spec, now).late:
+            if period.aged_out and not period.state.waiting_for_operator:
+                found.append({
+                    "source": spec.name, "period": period.key, "status": "waiting",
+                    "run_id": period.state.latest_run, "aged_out": True,
+                    "waiting_for_operator": [period.key],
+                    "why": f"left the {spec.catch_up.lookback.days}-day lookback unloaded "
+                           f"({period.why()})"})
+    return found
 
 
 def _with_recorded_loads(instance, found, source, job_type, period_from, period_to, limit):

@@ -3,8 +3,10 @@ each submitted to the run queue.
 
 A range (``--source S --from A --to B --only missing|failed|differing|all --reason WHY``) is
 planned by :mod:`.selection`, printed with ``--dry-run``, else submitted to the run queue as
-one backfill per source (:mod:`.submission`); ``--wait`` follows the backfills to the end. Every
-run asked for is signed with who (``--as``, else the OS user) and why (:mod:`.signature`).
+one backfill per source (:mod:`.submission`); ``--wait`` follows the backfills to the end and
+judges each partition by its final outcome: a run the daemon retried counts by its retry, so a
+dead run retried to success is a success. Every run asked for is signed with who (``--as``,
+else the OS user) and why (:mod:`.signature`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from mostovik_pipelines.operator.signature import operator_name, signed_tags
               help="Print the partitions and runs the re-run would submit, and why; submit "
                    "nothing.")
 @click.option("--wait", is_flag=True,
-              help="Follow the submitted run or backfills to the end; exit 1 if a run failed.")
+              help="Follow the submitted run or backfills to the end (a run the daemon retries, "
+                   "to its retry's end); exit 1 if a partition's last run failed.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--as", "requested_by", help="Who asks for the re-run (default: the OS user).")
 @click.option("--reason", help="Why: required for a range, optional for one period or run.")
@@ -110,7 +113,8 @@ def _rerun_range(sources: Sequence[str], first: str | None, last: str | None, on
                 click.echo("  nothing to submit")
     if not wait or not backfills:
         return
-    ended = follow(instance, list(backfills.values()),
+    ended = follow(instance, [(backfills[plan.source], specs[plan.source], list(plan.selected))
+                              for plan in plans if plan.source in backfills],
                    report=lambda line: click.echo(line, err=as_json))
     if not all(progress.succeeded for progress in ended):
         sys.exit(EXIT_JOB_FAILED)
@@ -145,8 +149,9 @@ def _rerun_one(run_id: str | None, source: str | None, period: str | None, full_
     if not wait:
         click.echo(f"{new_run_id} queued")
         return
-    follow_run(instance, new_run_id, report=lambda line: click.echo(line, err=True))
-    job = load_job(instance, new_run_id, ALL_SOURCES)
-    click.echo(f"{new_run_id} {job.status.value}")
+    last_run_id = follow_run(instance, new_run_id,
+                             report=lambda line: click.echo(line, err=True))
+    job = load_job(instance, last_run_id, ALL_SOURCES)
+    click.echo(f"{last_run_id} {job.status.value}")
     if job.status is JobStatus.FAILED:
         sys.exit(EXIT_JOB_FAILED)

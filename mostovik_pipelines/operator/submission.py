@@ -14,11 +14,17 @@ import secrets
 import string
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.framework.dagster_compat import BulkActionStatus, PartitionBackfill
+from mostovik_pipelines.framework.dagster_compat import (
+    AUTO_RETRY_RUN_ID_TAG,
+    BulkActionStatus,
+    PartitionBackfill,
+)
+from mostovik_pipelines.framework.runs.tags import run_partitions
+from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.operator.selection import SourcePlan
 
 BACKFILL_TAG = "dagster/backfill"
@@ -26,6 +32,8 @@ FINISHED_BACKFILL = (BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCC
                      BulkActionStatus.COMPLETED_FAILED, BulkActionStatus.FAILED,
                      BulkActionStatus.CANCELED)
 FAILED_RUNS = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+WILL_RETRY_TAG = "dagster/will_retry"
+"""Set by Dagster on a failed run: whether the daemon's run retries will run it again."""
 
 
 def submit_plan(instance: DagsterInstance, plan: SourcePlan, tags: Mapping[str, str]) -> str:
@@ -52,25 +60,31 @@ def submit_plan(instance: DagsterInstance, plan: SourcePlan, tags: Mapping[str, 
 
 @dataclass(frozen=True)
 class Progress:
-    """Where a submitted backfill stands: its status and its runs by status."""
+    """Where a submitted backfill stands: its status, its runs by status, and each partition's
+    outcome so far, judged by the last run of its story (a run the daemon retried counts by its
+    retry: a dead run retried to success is a success)."""
 
     backfill_id: str
     status: str
     runs: dict[str, str]
     """Run id -> Dagster run status."""
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """Partition -> ``success``, ``failed`` or ``in progress`` (a run or a retry still to end)."""
+    retried: dict[str, str] = field(default_factory=dict)
+    """A failed run of the backfill -> the last run of its automatic retries and its status."""
 
     @property
     def finished(self) -> bool:
-        return self.status in {s.value for s in FINISHED_BACKFILL}
+        return (self.status in {s.value for s in FINISHED_BACKFILL}
+                and IN_PROGRESS not in self.outcomes.values())
 
     @property
-    def failed_runs(self) -> list[str]:
-        return [run_id for run_id, status in self.runs.items()
-                if status in {s.value for s in FAILED_RUNS}]
+    def failed_partitions(self) -> list[str]:
+        return [key for key, outcome in self.outcomes.items() if outcome != SUCCESS]
 
     @property
     def succeeded(self) -> bool:
-        return self.status == BulkActionStatus.COMPLETED_SUCCESS.value and not self.failed_runs
+        return self.finished and bool(self.outcomes) and not self.failed_partitions
 
     def line(self) -> str:
         counts: dict[str, int] = {}
@@ -79,35 +93,97 @@ class Progress:
         runs = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none yet"
         return f"backfill {self.backfill_id}: {self.status.lower()}; runs: {runs}"
 
+    def verdict(self) -> str:
+        """The partitions' final outcomes, and the retries that decided them."""
+        failed = self.failed_partitions
+        line = (f"backfill {self.backfill_id}: {len(self.outcomes) - len(failed)} of "
+                f"{len(self.outcomes)} partition(s) succeeded"
+                + (f"; failed: {', '.join(failed)}" if failed else ""))
+        retries = "; ".join(f"run {run[:8]} failed, its retry {last}"
+                            for run, last in self.retried.items())
+        return line + (f" ({retries})" if retries else "")
 
-def progress_of(instance: DagsterInstance, backfill_id: str) -> Progress:
+
+SUCCESS, FAILED, IN_PROGRESS = "success", "failed", "in progress"
+RANK = {FAILED: 0, IN_PROGRESS: 1, SUCCESS: 2}
+"""Of several runs of a partition, the best outcome counts (one success loads it)."""
+
+
+def progress_of(instance: DagsterInstance, backfill_id: str, spec: SourceSpec,
+                partitions: list[str]) -> Progress:
+    """The backfill's progress, ``partitions`` (what it was asked for) judged by its runs."""
     backfill = instance.get_backfill(backfill_id)
     status = backfill.status.value if backfill is not None else "UNKNOWN"
-    runs = {run.run_id: run.status.value
-            for run in instance.get_runs(RunsFilter(tags={BACKFILL_TAG: backfill_id}))}
-    return Progress(backfill_id, status, runs)
+    runs = instance.get_runs(RunsFilter(tags={BACKFILL_TAG: backfill_id}))
+    covered: dict[str, str] = {}
+    retried: dict[str, str] = {}
+    retries = {run.tags.get(AUTO_RETRY_RUN_ID_TAG) for run in runs}
+    for run in runs:
+        if run.run_id in retries:
+            continue  # judged with the run it retries
+        last = last_of_retries(instance, run)
+        if last.run_id != run.run_id:
+            retried[run.run_id] = f"{last.run_id[:8]} {last.status.value.lower()}"
+        outcome = outcome_of(last)
+        for key in run_partitions(run.tags, spec.partitions_def, instance) & set(partitions):
+            if RANK[outcome] > RANK.get(covered.get(key, ""), -1):
+                covered[key] = outcome
+    unfinished = status not in {s.value for s in FINISHED_BACKFILL}
+    outcomes = {key: covered.get(key, IN_PROGRESS if unfinished else FAILED)
+                for key in partitions}
+    return Progress(backfill_id, status, {run.run_id: run.status.value for run in runs},
+                    outcomes, retried)
 
 
-def follow(instance: DagsterInstance, backfill_ids: list[str], report: Callable[[str], None],
-           poll_seconds: float = 2.0) -> list[Progress]:
-    """Follow the backfills until the daemon has finished each, reporting a line whenever one's
-    progress changes; their last progress."""
+def last_of_retries(instance: DagsterInstance, run: DagsterRun) -> DagsterRun:
+    """The run that ends ``run``'s story: the last of its automatic retries (the daemon's run
+    retries name each retry on the run they retry), or itself."""
+    seen = {run.run_id}
+    while run.status in FAILED_RUNS and run.tags.get(AUTO_RETRY_RUN_ID_TAG):
+        retry = instance.get_run_by_id(run.tags[AUTO_RETRY_RUN_ID_TAG])
+        if retry is None or retry.run_id in seen:
+            break
+        seen.add(retry.run_id)
+        run = retry
+    return run
+
+
+def outcome_of(run: DagsterRun) -> str:
+    """A run's outcome for its partitions: in progress while it, or a retry the daemon will
+    make of it, has not ended."""
+    if run.status is DagsterRunStatus.SUCCESS:
+        return SUCCESS
+    if run.status in FAILED_RUNS:
+        awaiting_retry = (run.tags.get(WILL_RETRY_TAG) == "true"
+                          and AUTO_RETRY_RUN_ID_TAG not in run.tags)
+        return IN_PROGRESS if awaiting_retry else FAILED
+    return IN_PROGRESS
+
+
+def follow(instance: DagsterInstance, backfills: list[tuple[str, SourceSpec, list[str]]],
+           report: Callable[[str], None], poll_seconds: float = 2.0) -> list[Progress]:
+    """Follow the backfills (id, source, partitions) until the daemon has finished each and
+    every partition's last run has ended, reporting a line whenever one's progress changes;
+    their last progress."""
     last: dict[str, str] = {}
     while True:
-        progress = [progress_of(instance, backfill_id) for backfill_id in backfill_ids]
+        progress = [progress_of(instance, backfill_id, spec, partitions)
+                    for backfill_id, spec, partitions in backfills]
         for item in progress:
             if last.get(item.backfill_id) != item.line():
                 last[item.backfill_id] = item.line()
                 report(item.line())
         if all(item.finished for item in progress):
+            for item in progress:
+                report(item.verdict())
             return progress
         time.sleep(poll_seconds)
 
 
 def follow_run(instance: DagsterInstance, run_id: str, report: Callable[[str], None],
                poll_seconds: float = 1.0) -> str:
-    """Follow a queued run until it finishes, reporting each change of its status; its last
-    status."""
+    """Follow a queued run until it finishes, and its automatic retries in turn, reporting each
+    change of status; the id of the last run (the run, or the retry that ended its story)."""
     last = None
     while True:
         run = instance.get_run_by_id(run_id)
@@ -115,6 +191,12 @@ def follow_run(instance: DagsterInstance, run_id: str, report: Callable[[str], N
         if status is not last:
             report(f"run {run_id}: {status.value.lower() if status else 'unknown'}")
             last = status
-        if status is None or status in (DagsterRunStatus.SUCCESS, *FAILED_RUNS):
-            return status.value if status else "UNKNOWN"
+        if run is None:
+            return run_id
+        if run.tags.get(AUTO_RETRY_RUN_ID_TAG):
+            run_id, last = run.tags[AUTO_RETRY_RUN_ID_TAG], None
+            report(f"run {run.run_id} is retried by the daemon as run {run_id}")
+            continue
+        if outcome_of(run) != IN_PROGRESS:
+            return run_id
         time.sleep(poll_seconds)

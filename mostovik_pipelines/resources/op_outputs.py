@@ -2,11 +2,12 @@
 ``MOSTOVIK_STORAGE_DIR``, shared by every worker: a directory, or ``s3://bucket/prefix`` reached
 through universal_pathlib and s3fs, :mod:`.stores`), with its store's faults classified as the
 landing store's are. An object store that does not answer (a restart, a network cut) is an
-outage, ridden out in place for the step's outage budget, as the warehouse's is. A full disk
-(``ENOSPC``, a quota) fails the step as transient and it is retried with backoff, since space
-can come back; a read-only one fails it at once, for an operator to act. Either way the error
-names the file, and a pickle cut short is removed (an upload cut short leaves no object): a
-re-execution from failure runs the step that failed again, so nothing half-written is read.
+outage, ridden out in place for the object store's outage budget (:mod:`.framework.outages`),
+as the warehouse's is. A full disk (``ENOSPC``, a quota) fails the step as transient and it is
+retried with backoff, since space can come back; a read-only one fails it at once, for an
+operator to act. Either way the error names the file, and a pickle cut short is removed (an
+upload cut short leaves no object): a re-execution from failure runs the step that failed
+again, so nothing half-written is read.
 
 The retention prune (:mod:`mostovik_pipelines.maintenance`) removes a finished run's outputs
 once no recovery path can use them; a re-execution that asks for one after that fails at once,
@@ -15,7 +16,6 @@ naming the run and the setting (:class:`OpOutputPruned`), and loads nothing."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +29,7 @@ from dagster import (
 
 from mostovik_pipelines.framework.dagster_compat import PickledObjectFilesystemIOManager
 from mostovik_pipelines.framework.errors import PermanentError, classify
+from mostovik_pipelines.framework.outages import Store, StoreAway, ride_out, wait_message
 from mostovik_pipelines.framework.retries import RetryPolicy, StepContext, failure_for
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.resources.stores import store_options
@@ -89,30 +90,18 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
 
     def _riding_out_outages(self, context: InputContext | OutputContext, call: Callable[[], Any],
                             ) -> Any:
-        """``call()``, again with backoff while the object store does not answer, for up to the
-        step's outage budget; past it, the step fails as transient naming the outage. A write
-        that did not complete left no object (an upload is whole or absent), so trying again is
-        safe."""
-        started = time.monotonic()
-        outages = 0
-        while True:
-            try:
-                return call()
-            except Exception as error:
-                verdict = classify(error)
-                if not verdict.outage:
-                    raise
-                waited = time.monotonic() - started
-                if waited >= self.policy.outage_seconds:
-                    raise failure_for(_step(context), verdict, outages + 1, self.policy,
-                                      waited) from error
-                outages += 1
-                wait = min(self.policy.wait_seconds(outages),
-                           self.policy.outage_seconds - waited)
-                context.log.warning(f"{_step(context).describe()}: {verdict.reason}; retrying "
-                                    f"in {wait:.1f}s, {waited + wait:.0f} s of an outage of up "
-                                    f"to {self.policy.outage_seconds:.0f} s ridden out")
-                time.sleep(wait)
+        """``call()``, ridden out while the object store does not answer, for up to its outage
+        budget (:func:`.outages.ride_out`); past it, the step fails as transient naming the
+        setting. A write that did not complete left no object (an upload is whole or absent),
+        so trying again is safe."""
+        def say(store: Store, error: BaseException, seconds: float, wait: float) -> None:
+            context.log.warning(
+                f"{_step(context).describe()}: {wait_message(store, error, seconds, wait)}")
+
+        try:
+            return ride_out(Store.OBJECT_STORE, call, answers=True, on_wait=say)
+        except StoreAway as gone:
+            raise failure_for(_step(context), classify(gone), 1, self.policy) from gone
 
     def dump_to_path(self, context: OutputContext, obj: Any, path) -> None:
         try:

@@ -7,6 +7,8 @@ import functools
 from dagster import ConfigurableResource
 from sqlalchemy import Engine, create_engine, event
 
+from mostovik_pipelines.framework.outages import Store, answered
+
 
 class WarehouseResource(ConfigurableResource):
     """Connection to the warehouse. ``database_url`` is ``postgresql+psycopg://...`` or
@@ -27,7 +29,10 @@ def warehouse_engine(database_url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_manual_transactions)
         event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
-    return create_engine(database_url, pool_pre_ping=True)
+    engine = create_engine(database_url, pool_pre_ping=True)
+    # A new connection is the warehouse answering: an outage the steps timed is over.
+    event.listen(engine, "connect", lambda *_: answered(Store.WAREHOUSE))
+    return engine
 
 
 def _sqlite_manual_transactions(dbapi_connection, _record) -> None:

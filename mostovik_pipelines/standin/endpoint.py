@@ -18,6 +18,7 @@ import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -80,6 +81,17 @@ class EndpointState:
 
     def reset(self) -> None:
         """Forget what tests changed (``DELETE /_control/<route>``)."""
+
+    def learn_holidays(self, days: list[str]) -> None:
+        """The working days its source does not publish on, on top of weekends (``POST
+        /_control/<route>/holidays`` ``{"dates": ["2026-11-04"]}``). An endpoint whose source
+        does not follow a calendar ignores them."""
+
+    def set_clock(self, at: datetime | None) -> None:
+        """What the source has published by ``at`` is what it answers (``POST
+        /_control/<route>/clock`` ``{"at": "2026-11-04T16:30:00+03:00" | null}``): a test on a
+        fake clock tells every endpoint the instant its processes read. None: the real clock.
+        An endpoint whose answers do not depend on the time ignores it."""
 
     def refuse_fault(self, kind: str, options: Mapping[str, Any]) -> str | None:
         """Why a fault of the endpoint's own kinds cannot be queued with these options."""

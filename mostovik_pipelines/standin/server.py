@@ -24,11 +24,15 @@ Control endpoints (JSON), used by tests and the chaos suite through :class:`.cli
   ``content_b64``, with optional ``content_type`` and ``status``), and on the ``erp`` route
   ``expire_token`` (with ``page`` >= 2: the token that asks for that page expires for good, 410).
 * ``GET /_control/requests`` lists the latest 10,000 requests served (route, query, time,
-  status, fault, page); ``DELETE /_control/requests`` forgets them. ``GET /_control/hanging``
+  status, fault, page, and ``clock``: the fake instant it was served at, for a route told one);
+  ``DELETE /_control/requests`` forgets them. ``GET /_control/hanging``
   lists the requests hanging now (route, query as a fault's ``match`` reads it, since): what a
   test waits on before it acts.
 * ``<method> /_control/<route>/<name>``: an endpoint's own controls; ``DELETE
-  /_control/<route>`` forgets what tests changed in it.
+  /_control/<route>`` forgets what tests changed in it; ``POST /_control/<route>/holidays``
+  ``{"dates": [...]}`` teaches it the days off its source keeps; ``POST /_control/<route>/clock``
+  ``{"at": ISO instant | null}`` tells it the instant a fake-clock test runs at (what the source
+  has published by then).
 * CBR: ``POST /_control/cbr/changes``, ``POST /_control/cbr/published_until``,
   ``DELETE /_control/cbr/changes`` (see :mod:`mostovik_pipelines.sources.cbr_daily_rates.standin`).
 * ERP (errors answer 400/404/409 with ``{"error", "message"}``):
@@ -52,6 +56,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -95,6 +100,9 @@ class StandinState:
         self.endpoints = sorted(endpoints.values(), key=lambda e: len(e.path), reverse=True)
         self.states: dict[str, EndpointState] = {
             endpoint.route: endpoint.state(options) for endpoint in self.endpoints}
+        self.clock_offsets: dict[str, float] = {}
+        """Per route told a fake instant: its offset from the real clock (the request log's
+        ``clock``)."""
 
     def endpoint_at(self, path: str) -> Endpoint | None:
         """The endpoint serving ``path``: the one whose path is the longest prefix of it."""
@@ -222,6 +230,19 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
                 elif method == "DELETE" and not name:
                     endpoint_state.reset()
                     result = {"reset": route}
+                elif (method, name) == ("POST", "holidays"):
+                    endpoint_state.learn_holidays(list(body.get("dates") or []))
+                    result = {"holidays": body.get("dates") or []}
+                elif (method, name) == ("POST", "clock"):
+                    at = body.get("at")
+                    instant = datetime.fromisoformat(at) if at else None
+                    endpoint_state.set_clock(instant)
+                    with state.lock:
+                        if instant is None:
+                            state.clock_offsets.pop(route, None)
+                        else:
+                            state.clock_offsets[route] = instant.timestamp() - time.time()
+                    result = {"clock": at}
                 else:
                     result = endpoint_state.control(method, name, params, body)
             except EndpointError as error:
@@ -298,7 +319,10 @@ def _make_handler(state: StandinState) -> type[BaseHTTPRequestHandler]:
             served, self._served = getattr(self, "_served", None), None
             if served is not None:
                 with state.lock:
-                    state.requests.append({**served, "at": time.time(), "status": status})
+                    now = time.time()
+                    offset = state.clock_offsets.get(served["route"])
+                    state.requests.append({**served, "at": now, "status": status, "clock": (
+                        now + offset if offset is not None else None)})
 
         def _send(self, reply: Reply) -> int:
             self._log_served(reply.status)

@@ -94,6 +94,30 @@ sync_progress = Table(
 )
 
 
+alert_outbox = Table(
+    "alert_outbox",
+    metadata,
+    Column("idempotency_key", String(255), primary_key=True,
+           comment="what the alert is about (kind, source, subject): written once, sent once"),
+    Column("kind", String(32), nullable=False),
+    Column("source", String(128), nullable=True),
+    Column("period", String(255), nullable=True),
+    Column("body", Text, nullable=False, comment="the alert as posted (JSON)"),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("attempts", Integer, nullable=False, comment="deliveries tried so far"),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False,
+           comment="not tried again before then (backoff, or a delivery in flight)"),
+    Column("sent_at", DateTime(timezone=True), nullable=True,
+           comment="when the webhook acknowledged it (2xx); NULL: pending"),
+    Column("channel", String(16), nullable=True,
+           comment="webhook, or log where no webhook is configured"),
+    Column("last_error", Text, nullable=True, comment="why the last delivery failed"),
+    Index("ix_alert_outbox_pending", "sent_at", "next_attempt_at"),
+    comment="Every alert, written before it is posted and marked sent only once the webhook "
+            "acknowledged it: delivered at least once, never lost in a log.",
+)
+
+
 def warehouse_table(name: str, *columns: SchemaItem, natural_key: Sequence[str],
                     in_metadata: MetaData = metadata) -> Table:
     """A target table: the source's columns, a unique constraint on the natural key, and the

@@ -56,7 +56,8 @@ def summary(totals: Totals, seed: int, seconds: float) -> str:
         f"{totals.scenarios_with_cli_kill} scenarios ({share:.0%})",
         f"  killed runs left started (not recorded as failed): {totals.left_started}",
         f"  warehouse crashes:    {sum(totals.warehouse_crashes.values())} "
-        f"({_counts(totals.warehouse_crashes)})",
+        f"({_counts(totals.warehouse_crashes)}); runs failed on one, within the budget: "
+        f"{totals.failed_within_budget}",
         f"  faults injected:      {sum(totals.faults.values())} ({_counts(totals.faults)})",
         f"  source changes:       {totals.source_changes}; making a currency unreadable "
         f"{totals.unreadable_changes} (a stored rate, between fetches: "

@@ -39,6 +39,8 @@ from dagster import (
 from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
 
 from mostovik_pipelines import definitions
+from mostovik_pipelines.framework.errors import OUTAGE_KINDS
+from mostovik_pipelines.framework.outages import StoreAway
 from mostovik_pipelines.framework.runs.in_flight import LAUNCH_GRACE_SECONDS
 from mostovik_pipelines.framework.runs.recovery import (
     CODE_LOCATION_ATTRIBUTE,
@@ -46,12 +48,9 @@ from mostovik_pipelines.framework.runs.recovery import (
     PROCESS_TAG_PREFIXES,
     rerun_from_failure,
 )
-from mostovik_pipelines.framework.runs.tags import (
-    PARTITION_TAG,
-    RANGE_END_TAG,
-    RANGE_START_TAG,
-    STATUS_TAG,
-)
+from mostovik_pipelines.framework.runs.status import STATUS_TAG
+from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
@@ -70,6 +69,9 @@ from mostovik_pipelines_tests.support.locations import FAST_RETRY
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.processes import RERUN_IN_PROCESS
 
+DRIVER_CONNECTION_ERRORS = ("OperationalError", "InterfaceError", "AdminShutdown",
+                            "Connection refused", "server closed the connection")
+"""What the warehouse's driver says of a connection it lost or could not open."""
 SOURCE = cbr_daily_rates.SOURCE.name
 JOB = f"{SOURCE}_job"
 WARM_TIMEOUT_SECONDS = 1.0
@@ -165,6 +167,20 @@ class ChaosEnvironment(Workspace):
         records = self.instance.get_records_for_run(
             run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
         return {record.event_log_entry.asset_materialization.partition for record in records}
+
+    def failure_on_the_warehouse(self, handle: RunHandle) -> str | None:
+        """How the run failed on the warehouse being away, if it did: a failure classified as
+        the warehouse away (or past its budget), or any failure whose error or its causes are
+        the database driver's connection errors (a store access that was not ridden out)."""
+        run_id = self.run_id_of(handle)
+        if run_id is None:
+            return None
+        for error in load_job(self.instance, run_id, [self.source]).errors:
+            text = " | ".join([error.message, *error.causes])
+            if error.kind in (*OUTAGE_KINDS, StoreAway.kind) or any(
+                    sign in text for sign in DRIVER_CONNECTION_ERRORS):
+                return f"{error.op or 'run'}: {error.kind or error.error_class}: {text}"[:600]
+        return None
 
     def loaded_by_lineage(self, run_id: str) -> set[str]:
         """Partitions the run and the runs it re-executes loaded: a re-execution of it from

@@ -11,8 +11,9 @@ work directory for one source, with the two ways of starting the source's job:
   takes all of it), configured through the environment the way CI and operators run it.
 
 Both give a :class:`RunHandle`; :meth:`RunHandle.kill` is the one kill (-9) of every suite, and
-:meth:`Workspace.finish` the one verdict on a killed run: recorded as failed (what run
-monitoring does) or left "started" (what a killed `dagster job execute` leaves).
+:meth:`Workspace.finish` the one verdict on a killed run: recorded as failed (what the dead-run
+sensor does within a minute) or left "started" (as run storage has it until then: the suites
+run no daemon).
 
 The parent reads the warehouse through plain psycopg connections only: a forked child would
 inherit a pooled engine's connections. The parser suite (:mod:`.environment`) adds a reference
@@ -68,8 +69,8 @@ UNFINISHED = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunS
               DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 RUN_TIMEOUT_SECONDS = 300.0
 LEFT_STARTED_SHARE = 0.2
-"""Killed runs left "started" in run storage, as nothing records a killed `dagster job
-execute`; the rest are recorded as failed, as run monitoring does for daemon-launched runs."""
+"""Killed runs left "started" in run storage, as it is until the dead-run sensor marks them
+(the suites run no daemon); the rest are recorded as failed, as the sensor does."""
 FAST_TMP = "/dev/shm"
 """Where workspaces live when it exists: Dagster's SQLite event log and the landing store
 fsync every write, which costs a run a third of its time on disk and nothing on tmpfs."""
@@ -194,8 +195,8 @@ class Workspace:
         self.database = f"chaos_{source.name[:12]}_{uuid.uuid4().hex[:8]}"
         self.instance: DagsterInstance | None = None
         self.left_started: set[str] = set()
-        """Killed runs the suite left "started" on purpose, as a killed `dagster job execute`
-        stays: any other run unfinished once its scenario is over is stuck."""
+        """Killed runs the suite left "started" on purpose, as the dead-run sensor has not
+        marked them yet: any other run unfinished once its scenario is over is stuck."""
         try:
             self._create(source, wiring, template)
         except BaseException:
@@ -306,8 +307,8 @@ class Workspace:
             self.left_started.add(run_id)
 
     def finish(self, handle: RunHandle, rng: random.Random) -> DagsterRunStatus | None:
-        """Wait for the run's process; a killed run is recorded as failed (run monitoring's
-        verdict) or, sometimes, left "started" as a killed `dagster job execute` stays."""
+        """Wait for the run's process; a killed run is recorded as failed (the dead-run
+        sensor's verdict) or, sometimes, left "started" as it is until then."""
         handle.wait(timeout=RUN_TIMEOUT_SECONDS)
         if handle.killed and rng.random() >= LEFT_STARTED_SHARE:
             self.mark_dead_run_failed(handle)

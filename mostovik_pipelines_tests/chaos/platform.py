@@ -53,7 +53,7 @@ import httpx
 import yaml
 from dagster import DagsterEventType
 
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
 from mostovik_pipelines_tests.chaos.platform_budget import (
@@ -285,7 +285,7 @@ class PlatformSuite:
                 errors = str(self._quietly(self.graphql.run_errors, run.run_id))
                 if "to start" in errors:
                     self.totals.stuck_launches_retried += 1
-                elif OUTAGE_SETTING in errors:
+                elif setting_of(Store.OBJECT_STORE) in errors:
                     self.totals.past_store_budget_retried += 1
                 else:
                     self.totals.dead_runs_retried += 1

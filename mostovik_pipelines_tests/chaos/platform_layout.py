@@ -19,8 +19,8 @@ the one code server, a deploy, a worker host and the object store.
   answering, or cutting answers mid-body): every run rides it out.
 * ``object_store_past_budget``: the store refusing connections, while a run's step is let go from
   its fetch to land its payload, until that run has failed: it must fail cleanly, naming
-  ``MOSTOVIK_STEP_OUTAGE_SECONDS``; then the store is back, and one re-execution from failure
-  (the run page's, as an operator or the catch-up asks again) loads the data exactly.
+  ``MOSTOVIK_OBJECT_STORE_OUTAGE_SECONDS``; then the store is back, and one re-execution from
+  failure (the run page's, as an operator or the catch-up asks again) loads the data exactly.
 
 Judged by the suite's judge; a run of the first four kinds that died (or failed past the budget)
 is ridden out when its one retry succeeded (:meth:`.PlatformSuite._judge`).
@@ -33,7 +33,8 @@ import time
 
 from dagster import DagsterEventType, RunsFilter
 
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING, RETRY_METADATA_KEY
+from mostovik_pipelines.framework.outages import Store, setting_of
+from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.framework.runs.dead_runs import INTERVAL_SECONDS
 from mostovik_pipelines_tests.chaos.environment import JOB
 from mostovik_pipelines_tests.support.deployments import step_workers
@@ -168,9 +169,9 @@ def _store_away_until_a_run_gave_up(suite, tag: dict[str, str]) -> list[str]:
     problems = []
     for run in failed:
         errors = " ".join(suite.graphql.run_errors(run.run_id))
-        if OUTAGE_SETTING not in errors:
-            problems.append(f"run {run.run_id} failed without naming {OUTAGE_SETTING}: "
-                            f"{errors[:2000]}")
+        setting = setting_of(Store.OBJECT_STORE)
+        if setting not in errors:
+            problems.append(f"run {run.run_id} failed without naming {setting}: {errors[:2000]}")
         suite.graphql.launch_reexecution(run.run_id, "FROM_FAILURE")
     suite.log(f"    the run gave up {gave_up_after:.0f} s into the outage; re-executed from "
               "its failure")

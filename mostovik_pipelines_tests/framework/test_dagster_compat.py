@@ -4,7 +4,6 @@ there and behaves as the project relies on. A Dagster upgrade that breaks one fa
 from __future__ import annotations
 
 import inspect
-from datetime import timedelta
 
 import pytest
 from dagster import (
@@ -12,7 +11,6 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     DagsterInvalidDefinitionError,
-    FreshnessPolicy,
     MetadataValue,
     build_reconstructable_job,
     job,
@@ -20,7 +18,6 @@ from dagster import (
 )
 
 from mostovik_pipelines.framework import dagster_compat as compat
-from mostovik_pipelines.framework.runs.alerts import FRESHNESS_FAILED
 
 
 def test_a_check_evaluation_names_the_materialisation_it_checked():
@@ -35,17 +32,6 @@ def test_a_check_executions_status_tells_a_failed_verdict_from_a_planned_one():
     # operator/selection.py's --only differing reads the latest status of matches_source.
     assert {status.value for status in compat.AssetCheckExecutionRecordStatus} >= {
         "PLANNED", "SUCCEEDED", "FAILED"}
-
-
-def test_freshness_policies_and_states_are_the_classes_and_values_the_alerts_read():
-    assert isinstance(FreshnessPolicy.cron(deadline_cron="0 10 * * *",
-                                           lower_bound_delta=timedelta(hours=1)),
-                      compat.CronFreshnessPolicy)
-    assert isinstance(FreshnessPolicy.time_window(fail_window=timedelta(hours=1)),
-                      compat.TimeWindowFreshnessPolicy)
-    from dagster._core.definitions.freshness import FreshnessState
-
-    assert FreshnessState.FAIL.value == FRESHNESS_FAILED
 
 
 def test_a_job_of_the_code_location_is_reconstructed_by_module_and_attribute():

@@ -18,10 +18,10 @@ RUN_ONLY = ("mostovik_pipelines.framework.load", "mostovik_pipelines.framework.s
 
 
 LAYERS = (
-    ("vocabulary", ("settings", "warehouse", "framework.errors", "framework.retries",
-                    "framework.dagster_compat", "framework.runs.tags", "framework.load_target")),
-    ("resources", ("resources", "instance_storage", "framework.runs.claims",
-                   "framework.runs.storage_outage")),
+    ("vocabulary", ("settings", "warehouse", "framework.errors", "framework.outages",
+                    "framework.retries", "framework.dagster_compat", "framework.runs.tags",
+                    "framework.load_target")),
+    ("resources", ("resources", "instance_storage", "framework.runs.claims")),
     ("framework", ("framework", "execution")),
     ("sources and services", ("sources", "maintenance", "standin", "scaffold", "metrics")),
     ("entry points", ("definitions", "cli", "operator", "demo", "local_runs", "")),

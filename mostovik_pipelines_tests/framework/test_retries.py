@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import threading
 import uuid
@@ -16,7 +17,9 @@ from dagster import (
 )
 
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
+from mostovik_pipelines.framework.quality.checks import partition_checks
 from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY, RetryPolicy
+from mostovik_pipelines.framework.spec import CheckRequest, CheckResult, PartitionCheck
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.warehouse import migrate
@@ -154,7 +157,12 @@ def test_a_load_whose_connection_is_killed_is_retried_to_an_exact_table(
     result = outcome["result"]
     assert killed
     assert result.success
-    assert step_attempts(instance, result.run_id, "load_cbr_daily_rates") == 2
+    # Its connection lost: the partition's load transaction is made again in place, one wait
+    # recorded on the partition, no second attempt of the step.
+    assert step_attempts(instance, result.run_id, "load_cbr_daily_rates") == 1
+    waits = [retry for retry in _retries(instance) if retry["op"] == "load"]
+    assert waits and all(r["outage"] and r["kind"] == "database_connection_lost"
+                         for r in waits), waits
     rows = table_rows(warehouse_url, "cbr_daily_rates")
     assert len(rows) == 10
     assert len({(r["partition_date"], r["char_code"]) for r in rows}) == 10
@@ -262,6 +270,48 @@ def test_a_warehouse_outage_of_a_minute_at_the_start_of_a_run_is_ridden_out(
     assert retries and all(r["kind"] == "database_connection_lost" for r in retries), retries
     assert len(table_rows(outage_warehouse.url(), "cbr_daily_rates")) == 12
     instance.dispose()
+
+
+CHECK_CRASH_SECONDS = 3.0
+
+
+def test_a_warehouse_crash_under_a_committed_partitions_checks_is_ridden_out(
+    outage_warehouse, standin_server, standin, tmp_path, cbr_source, instance
+):
+    """The warehouse crashes just after a partition's load committed, while its checks run
+    (a check of the source's own stops the server, as ``pg_ctl -m immediate`` does, and it is
+    back 3 s later): the checks' statements and their new connection meet it, and the load
+    step rides it out, evaluating the checks again once it answers. It used to fail the step at
+    once (the checks' ``engine.connect()`` refused), or record a check that "could not run" as
+    a failed blocking check."""
+    crashed = threading.Event()
+
+    def crash_once(request: CheckRequest) -> CheckResult:
+        if not crashed.is_set():
+            crashed.set()
+            outage_warehouse.pause()
+            threading.Timer(CHECK_CRASH_SECONDS, outage_warehouse.resume).start()
+        return CheckResult(True, "the warehouse was crashed once, here")
+
+    source = dataclasses.replace(cbr_source, checks=(
+        *cbr_source.checks, PartitionCheck("crash_once", "crashes the warehouse", crash_once,
+                                           blocking=False)))
+    job = code_location_for(outage_warehouse.url(), standin_server, tmp_path,
+                            [source]).resolve_job_def("cbr_daily_rates_job")
+    result = run_partition(job, PARTITION, instance)
+
+    assert crashed.is_set()
+    assert result.success, step_failure_message(instance, result.run_id)
+    assert step_attempts(instance, result.run_id, "load_cbr_daily_rates") == 1
+    evaluations = [record.event_log_entry.dagster_event.event_specific_data
+                   for record in instance.get_records_for_run(
+                       result.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records]
+    names = [evaluation.check_name for evaluation in evaluations]
+    assert sorted(names) == sorted({check.name for check in partition_checks(source)})
+    assert all(evaluation.passed for evaluation in evaluations), evaluations
+    waits = [retry for retry in _retries(instance) if retry["op"] == "check"]
+    assert waits and all(r["outage"] for r in waits), waits
+    assert len(table_rows(outage_warehouse.url(), "cbr_daily_rates")) == 12
 
 
 def _retries(instance: DagsterInstance) -> list[dict]:

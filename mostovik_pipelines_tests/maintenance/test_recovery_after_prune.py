@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV, RETENTION_GRACE_ENV
 from mostovik_pipelines.sources import ALL_SOURCES
@@ -51,7 +51,7 @@ def _fail_in_load(partition: str, env: dict[str, str], tmp_path: Path) -> str:
     """A run that fetches and parses the partition, then cannot reach the warehouse."""
     unreachable = {**env, "MOSTOVIK_DATABASE_URL":
                    f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/nowhere",
-                   OUTAGE_SETTING: "3"}
+                   setting_of(Store.WAREHOUSE): "3"}
     start_job_execute(partition, unreachable, tmp_path).communicate(timeout=180)
     run = DagsterInstance.get().get_runs(limit=1)[0]
     assert run.status == DagsterRunStatus.FAILURE

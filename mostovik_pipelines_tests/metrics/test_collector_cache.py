@@ -12,7 +12,7 @@ RATES_PER_DATE = 12
 
 
 def _inserted(collector: PipelineCollector) -> float:
-    (family,) = [f for f in collector.collect() if f.name == "mostovik_rows_in_window"]
+    (family,) = [f for f in collector.collect() if f.name == "mostovik_rows"]
     (sample,) = [s for s in family.samples
                  if s.labels == {"source": "cbr_daily_rates", "change": "inserted"}]
     return sample.value

@@ -178,32 +178,61 @@ def _retried_once_signed_and_exact(services: DagsterServices, instance: DagsterI
     assert loaded == business_rows(pg_warehouse_url)
 
 
+def _submit_rerun_and_wait(services: DagsterServices, instance: DagsterInstance,
+                           days: list[str]) -> tuple[subprocess.Popen, str]:
+    """``mostovik jobs rerun ... --wait`` of the range, followed in the background; the process
+    and its backfill's id, once submitted."""
+    before = {backfill.backfill_id for backfill in instance.get_backfills()}
+    process = subprocess.Popen(
+        [MOSTOVIK, "jobs", "rerun", "--source", SOURCE, "--from", days[0], "--to", days[-1],
+         "--only", "missing", "--as", WHO, "--reason", WHY, "--wait"],
+        env=services.environment, cwd=services.work_dir, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    [backfill_id] = wait_until(
+        lambda: [backfill.backfill_id for backfill in instance.get_backfills()
+                 if backfill.backfill_id not in before], PROCESS_START_MARGIN_SECONDS,
+        "the re-run's backfill submitted", services.log_tails)
+    return process, backfill_id
+
+
 @pytest.mark.timeout(900)
 def test_a_rerun_whose_orchestrating_process_is_killed_is_failed_within_a_minute_and_retried(
     services, instance, standin, standin_server, pg_warehouse_url, tmp_path
 ):
     """``kill -9`` of the process driving the run (the out-of-memory killer) while its extract
-    step runs on a Celery worker: the run is failed, naming the signal, and retried once."""
+    step runs on a Celery worker: the run is failed, naming the signal, and retried once. The
+    operator's ``--wait`` judges each partition by its last run: the dead run retried to success
+    is a success, exit 0 (it exited 1 on the failed run the retry made good)."""
     days = ORCHESTRATOR_DAYS
     standin.fault("hang", seconds=600, match=_query(days[0]))
-    backfill_id = _submit_rerun(services, days)
-    run_id = _the_run_held_on_a_worker(services, instance, standin, backfill_id, days)
-    pid = _orchestrating_pid(instance, run_id)
-    standin.clear_faults()  # the retry's fetch is answered
+    waiting, backfill_id = _submit_rerun_and_wait(services, instance, days)
+    try:
+        run_id = _the_run_held_on_a_worker(services, instance, standin, backfill_id, days)
+        pid = _orchestrating_pid(instance, run_id)
+        standin.clear_faults()  # the retry's fetch is answered
 
-    os.kill(pid, signal.SIGKILL)
-    killed_at = time.monotonic()
-    seconds = _seconds_until_failed(services, instance, run_id, killed_at)
-    # The step the dead process left on its worker ends; nobody submits the next one.
-    standin.release_hangs()
-    print(f"run {run_id} marked failed {seconds:.1f} s after its orchestrating process was killed")
-    assert seconds < MARKED_WITHIN_SECONDS, f"marked failed after {seconds:.0f} s"
-    assert _messages(instance, run_id, DagsterEventType.RUN_FAILURE)
-    killed = f"Run execution process for {run_id} was terminated by signal 9 (SIGKILL)."
-    engine = _messages(instance, run_id, DagsterEventType.ENGINE_EVENT)
-    assert any(killed in message for message in engine), "\n".join(engine)
-    _retried_once_signed_and_exact(services, instance, run_id, backfill_id, days,
-                                   pg_warehouse_url, standin_server, tmp_path)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        seconds = _seconds_until_failed(services, instance, run_id, killed_at)
+        # The step the dead process left on its worker ends; nobody submits the next one.
+        standin.release_hangs()
+        print(f"run {run_id} marked failed {seconds:.1f} s after its orchestrating process was "
+              "killed")
+        assert seconds < MARKED_WITHIN_SECONDS, f"marked failed after {seconds:.0f} s"
+        assert _messages(instance, run_id, DagsterEventType.RUN_FAILURE)
+        killed = f"Run execution process for {run_id} was terminated by signal 9 (SIGKILL)."
+        engine = _messages(instance, run_id, DagsterEventType.ENGINE_EVENT)
+        assert any(killed in message for message in engine), "\n".join(engine)
+        _retried_once_signed_and_exact(services, instance, run_id, backfill_id, days,
+                                       pg_warehouse_url, standin_server, tmp_path)
+        out, err = waiting.communicate(timeout=RUN_LIMIT_SECONDS)
+        assert waiting.returncode == 0, out + err
+        assert (f"backfill {backfill_id}: {len(days)} of {len(days)} partition(s) succeeded "
+                f"(run {run_id[:8]} failed, its retry") in out, out
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate(timeout=60)
 
 
 @pytest.mark.timeout(900)

@@ -171,7 +171,9 @@ def test_a_weeks_recovery_previewed_then_queued_exactly_and_signed(services, sta
     plan = _plan(submitted)
     assert {k: plan[k] for k in ("selected", "skipped", "runs")} == {
         k: missing_preview[k] for k in ("selected", "skipped", "runs")}
-    assert "failure" in submitted.stderr.splitlines()[-1], submitted.stderr
+    assert "failure" in submitted.stderr.splitlines()[-2], submitted.stderr
+    assert submitted.stderr.splitlines()[-1].endswith(
+        f"0 of 1 partition(s) succeeded; failed: {WEEK[3]}"), submitted.stderr
     [run] = _submitted_runs(services, plan["backfill_id"], plan)
     assert run.status == "FAILURE"
 

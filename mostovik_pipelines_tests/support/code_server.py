@@ -56,6 +56,12 @@ class CodeServer:
         wait_until(serving, timeout, "the code server serving", lambda: self.log()[-3000:])
         return self
 
+    @property
+    def group(self) -> int:
+        """Its process group (its session): the server and the run workers it started."""
+        assert self._process is not None, "not started"
+        return self._process.pid
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

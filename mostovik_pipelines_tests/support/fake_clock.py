@@ -54,6 +54,7 @@ from dagster._core.scheduler.instigation import (
 from dagster._core.storage.dagster_run import DagsterRun, RunsFilter
 from dagster._core.workspace.load import location_origins_from_yaml_paths
 
+from mostovik_pipelines.local_runs import standin_environment
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support import dagster_daemon
 from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, REPOSITORY_NAME
@@ -161,13 +162,12 @@ def write_workspace(work_dir: Path, location_name: str = LOCATION_NAME) -> Path:
 def code_location_environment(work_dir: Path, warehouse_url: str,
                               standin_server: StandinServer) -> dict[str, str]:
     """The ``MOSTOVIK_*`` settings of a code location run by the daemon in a test: the
-    warehouse, every HTTP source at the stand-in, local state, inbox and archive under
-    ``work_dir``, and runs in one process (no Celery)."""
+    warehouse, every source with a stand-in endpoint pointed at it (by its declaration's
+    ``url_setting``), local state, inbox and archive under ``work_dir``, and runs in one
+    process (no Celery)."""
     return {
         "MOSTOVIK_DATABASE_URL": warehouse_url,
-        "MOSTOVIK_CBR_URL": standin_server.cbr_url,
-        "MOSTOVIK_CBR_METALS_URL": standin_server.endpoint_url("cbr_metal_prices"),
-        "MOSTOVIK_ERP_URL": standin_server.erp_url,
+        **standin_environment(standin_server.url),
         "MOSTOVIK_DATA_DIR": str(work_dir / "data"),
         "MOSTOVIK_INBOX_DIR": str(work_dir / "inbox"),
         "MOSTOVIK_ARCHIVE_DIR": str(work_dir / "archive"),

@@ -20,9 +20,9 @@ from mostovik_pipelines.resources.inbox import InboxResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.standin import StandinServer
 
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2,
-                         outage_seconds=1.0)
-"""Short retry delays and outage budget, so retry tests take seconds, not minutes."""
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2)
+"""Short retry delays, so retry tests take seconds, not minutes (a store's outage budget is its
+setting's, :mod:`mostovik_pipelines.framework.outages`)."""
 
 
 def code_location_for(warehouse_url: str, standin_server: StandinServer, work_dir: Path,

@@ -78,6 +78,11 @@ class ThrowawayPrometheus:
         return [{"metric": series["metric"], "value": float(series["value"][1])}
                 for series in body["data"]["result"]]
 
+    def metadata(self) -> dict[str, str]:
+        """Each metric family's type as Prometheus read it from the exposition."""
+        body = self._http.get("/api/v1/metadata").json()
+        return {name: entries[0]["type"] for name, entries in body["data"].items()}
+
     def value(self, promql: str) -> float | None:
         """The one value ``promql`` gives now; ``None`` while there is none."""
         result = self.query(promql)

@@ -57,6 +57,7 @@ from mostovik_pipelines.framework.assets.resource_keys import (
 )
 from mostovik_pipelines.framework.assets.view import asset_kinds, asset_metadata
 from mostovik_pipelines.framework.automation.catch_up import plan_catch_up
+from mostovik_pipelines.framework.automation.deadlines import deadline_check
 from mostovik_pipelines.framework.quality.checks import check_specs
 from mostovik_pipelines.framework.runs.tags import business_tags
 from mostovik_pipelines.framework.spec import SourceSpec
@@ -76,9 +77,9 @@ class ExtractConfig(Config):
 
 
 def build_source_definitions(spec: SourceSpec) -> Definitions:
-    """Everything Dagster needs for one source: its asset, job and schedule, and its
-    scheduled verification (:mod:`..verification.schedule`). The resources,
-    the source's own included (:func:`source_resource_key`), are bound by the code location."""
+    """Everything Dagster needs for one source: its asset, job and schedule, its deadline check,
+    and its scheduled verification (:mod:`..verification.schedule`). The resources, the
+    source's own included (:func:`source_resource_key`), are bound by the code location."""
     # The load plans the verification's check without evaluating it: a re-load leaves no
     # verdict of an earlier load standing (.verification.schedule).
     checks = [*check_specs(spec), verification_check_spec(spec)]
@@ -104,21 +105,21 @@ def build_source_definitions(spec: SourceSpec) -> Definitions:
         return {name: getattr(loaded, name) for name in ("result", *(
             check.get_python_identifier() for check in checks))}
 
-    if spec.freshness_policy is not None:
-        source_asset = source_asset.map_asset_specs(
-            lambda asset: asset.replace_attributes(freshness_policy=spec.freshness_policy))
-
+    # The deadline check is the sensor's to evaluate (it reads every period of the source), not
+    # a run's: the source's job leaves it out.
+    deadline_checks = [deadline_check(spec)] if spec.deadline else []
     job = define_asset_job(
         name=f"{spec.name}_job",
         description=f"Extract, transform and load partitions of {spec.name}.",
-        selection=AssetSelection.assets(source_asset),
+        selection=AssetSelection.assets(source_asset) - AssetSelection.checks(*deadline_checks),
         partitions_def=spec.partitions_def,
         tags={**business_tags(spec), "dagster/max_runtime": str(spec.max_runtime_seconds)},
     )
     schedules = [_schedule(spec, job)] if spec.schedule else []
     sensors = [spec.sensor(spec, job, source_resource_key(spec))] if spec.sensor else []
     return Definitions.merge(
-        Definitions(assets=[source_asset], jobs=[job], schedules=schedules, sensors=sensors),
+        Definitions(assets=[source_asset], asset_checks=deadline_checks, jobs=[job],
+                    schedules=schedules, sensors=sensors),
         verification_definitions(spec))
 
 

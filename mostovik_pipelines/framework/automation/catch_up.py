@@ -21,7 +21,9 @@ backoff that doubles with every failure in a row (:attr:`.CatchUpPolicy.backoff`
 down for a week costs a handful of runs. What is asked for goes in as few runs as the source's
 backfill policy allows: a single-run source (the CBR's) gets one ranged run, which re-loads the
 final partitions between two asked for (``in_range``: an idempotent re-load) rather than split;
-a multi-run source gets a run per contiguous span, cut at its ``max_partitions_per_run``.
+a multi-run source gets a run per contiguous span, cut at its ``max_partitions_per_run``. A
+partition with a run in flight (an operator's re-run of a final day) or waiting for an operator
+is never touched, bridged or not: the span is cut around it, so no second run of it starts.
 
 Every run carries ``mostovik/requested_because``: the reason of its partition, or per reason the
 partitions of a ranged run. The tick's log says what was asked for and what was held, and why.
@@ -127,6 +129,8 @@ def plan_catch_up(instance: DagsterInstance, spec: SourceSpec, now: datetime) ->
     states = partition_states(instance, spec, keys, runs_since=runs_since)
     asked: dict[str, Reason] = {}
     held: dict[str, str] = {}
+    untouchable = {key for key, state in states.items()
+                   if state.in_flight_run or state.waiting_for_operator}
     for key in keys:
         state = states[key]
         reason = _reason(spec, state, key in newest, now)
@@ -138,7 +142,7 @@ def plan_catch_up(instance: DagsterInstance, spec: SourceSpec, now: datetime) ->
         else:
             asked[key] = reason
     bridge = spec.backfill_policy.max_partitions_per_run is None
-    return CatchUpPlan(_group(keys, asked, set(held), bridge,
+    return CatchUpPlan(_group(keys, asked, untouchable | set(held), bridge,
                               spec.backfill_policy.max_partitions_per_run), held)
 
 
@@ -163,8 +167,8 @@ def _reason(spec: SourceSpec, state: PartitionState, newest: bool,
         return Reason.NEWEST
     if state.final:
         return None
-    if state.latest_outcome is Outcome.FAILED:
-        return Reason.AFTER_FAILURE
+    if state.latest_outcome is Outcome.FAILED or state.waiting_for_operator:
+        return Reason.AFTER_FAILURE  # held by _why_not while it waits for an operator
     if not state.loaded:
         return Reason.MISSING
     window = spec.partitions_def.time_window_for_partition_key(state.key)
@@ -192,7 +196,8 @@ def _why_not(spec: SourceSpec, state: PartitionState, now: datetime) -> str | No
 def _group(keys: Sequence[str], asked: dict[str, Reason], held: set[str], bridge: bool,
            max_per_run: int | None) -> list[PlannedRun]:
     """Contiguous spans of asked partitions; a single-run source (``bridge``) spans the final
-    ones between them too, never one held."""
+    ones between them too, never one ``held`` (not asked for, in flight or waiting for an
+    operator, final or not)."""
     spans: list[dict[str, Reason]] = []
     current: dict[str, Reason] = {}
     between: list[str] = []

@@ -5,7 +5,9 @@ What the automation asks for (:mod:`.catch_up`), what ``mostovik jobs list`` mar
 for an operator and what a failure alert says comes next are all read here, so they never
 disagree. Per partition:
 
-* **loaded**: it has a materialisation. A parser's or a file's loaded partition is final. A
+* **loaded**: it has a materialisation. A parser's or a file's loaded partition is final,
+  unless the run that loaded it then failed it for good (a blocking check: the data stay for an
+  operator to look at, and the partition waits for them like any permanent failure). A
   sync's window is final only when a sync that *started* after the window closed plus the
   source's settle time (:attr:`.CatchUpPolicy.settle`) loaded it from its first page (a sync
   that resumed an interrupted one carries pages fetched before);
@@ -115,9 +117,16 @@ def partition_states(instance: DagsterInstance, spec: SourceSpec, keys: Sequence
         in_a_row = 0
         if latest is Outcome.FAILED:
             in_a_row = 1 + sum(1 for _ in _while_failed(outcomes))
+        # A load its own run then failed for good (a blocking check) vouches for nothing, and
+        # while it is the newest load, what the table holds is its.
+        loads = materialized.get(key, [])
+        refuted = {r.dagster_run.run_id for r in finished
+                   if r.dagster_run.run_id in loaded_by
+                   and fates.outcome(r, key, loaded_by) is Outcome.FAILED_PERMANENTLY}
         states[key] = PartitionState(
             key=key, loaded=bool(loaded_by),
-            final=_final(spec, key, materialized.get(key, ()), run_starts),
+            final=bool(loads) and loads[0][0] not in refuted and _final(
+                spec, key, [load for load in loads if load[0] not in refuted], run_starts),
             in_flight_run=in_flight, latest_outcome=latest,
             latest_run=finished[0].dagster_run.run_id if finished else None,
             latest_ended_at=_ended_at(finished[0]) if finished else None,
@@ -150,9 +159,10 @@ def _runs_of(instance: DagsterInstance, spec: SourceSpec, since: datetime) -> li
 def _materializations(instance: DagsterInstance, spec: SourceSpec,
                       keys: Sequence[str]) -> dict[str, list[tuple[str, int]]]:
     """Per partition: (run id, the page its load resumed after; 0 from the first page) of
-    every materialisation. A run-less one (recorded from the warehouse's ledger after run
-    storage was lost, :mod:`..runs.rebuild`) has no run: its id is ``fetched:<timestamp>`` of
-    the payload its load started from, which stands for the run's start, else empty."""
+    every materialisation, newest first. A run-less one (recorded from the warehouse's ledger
+    after run storage was lost, :mod:`..runs.rebuild`) has no run: its id is
+    ``fetched:<timestamp>`` of the payload its load started from, which stands for the run's
+    start, else empty."""
     found: dict[str, list[tuple[str, int]]] = {}
     cursor = None
     while keys:
@@ -212,14 +222,19 @@ class _RunFates:
 
     def outcome(self, record: RunRecord, key: str, loaded_by: set[str]) -> Outcome:
         run = record.dagster_run
+        if run.status is DagsterRunStatus.FAILURE:
+            # A partition loaded and then failed by a blocking check failed for good: its data
+            # breaks an invariant, and it waits for an operator like any permanent failure.
+            whole_run, set_aside = self._permanent_failures(run.run_id)
+            if whole_run or key in set_aside:
+                return Outcome.FAILED_PERMANENTLY
         if run.run_id in loaded_by:
             return Outcome.LOADED
         if run.status is DagsterRunStatus.SUCCESS:
             return Outcome.SKIPPED
         if run.status is DagsterRunStatus.CANCELED:
             return Outcome.CANCELLED
-        whole_run, set_aside = self._permanent_failures(run.run_id)
-        return Outcome.FAILED_PERMANENTLY if whole_run or key in set_aside else Outcome.FAILED
+        return Outcome.FAILED
 
     def _permanent_failures(self, run_id: str) -> tuple[bool, set[str]]:
         """Whether the run's step failed for a permanent reason, and the partitions a ranged

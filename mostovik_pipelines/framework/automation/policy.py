@@ -1,11 +1,13 @@
 """A source's catch-up policy: how far back its schedule (or sensor) looks after partitions
 without an operator, when a sync's window is final, and how it backs off after failures
-(:mod:`.catch_up`). Declared in each source's ``source.py``."""
+(:mod:`.catch_up`); and when each of its periods is due (:mod:`.deadlines`). Declared in each
+source's ``source.py``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from mostovik_pipelines.settings import setting
 
@@ -27,6 +29,8 @@ class CatchUpPolicy:
     with every further failure in a row, up to ``max_backoff``: a source down for a week costs
     a handful of runs, not one per tick."""
     max_backoff: timedelta = timedelta(days=1)
+    settings_prefix: str | None = None
+    """Where an operator sets the lookback and settle time (``MOSTOVIK_CBR``), when they can."""
 
     @classmethod
     def from_settings(cls, prefix: str, *, lookback_days: int = 7,
@@ -36,4 +40,18 @@ class CatchUpPolicy:
         return cls(
             lookback=timedelta(days=int(setting(f"{prefix}_LOOKBACK_DAYS", str(lookback_days)))),
             settle=timedelta(minutes=int(setting(f"{prefix}_SETTLE_MINUTES",
-                                                 str(settle_minutes)))))
+                                                 str(settle_minutes)))),
+            settings_prefix=prefix)
+
+
+@dataclass(frozen=True)
+class PeriodDeadline:
+    """When a time-partitioned source's period is due: final in the warehouse by then, else its
+    ``period_deadlines`` check is red, naming it, and it is alerted as late, once
+    (:mod:`.deadlines`). Declared in each time-partitioned source's ``source.py``."""
+
+    due: Callable[[datetime, datetime], datetime]
+    """The instant a period is due, from its window's start and end (timezone-aware)."""
+    description: str
+    """When, in an operator's words (the check's description): "tomorrow's rates by 16:30
+    Moscow time on days the CBR publishes"."""

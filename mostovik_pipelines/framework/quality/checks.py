@@ -21,8 +21,11 @@ The checks are partitioned like their asset, and the load step records one resul
 partition it materialises, in a ranged run too, where Dagster would not evaluate them on its own
 (``AssetCheckEvaluation(partition=...)``). A failed blocking check (not a warning) fails its
 partition after the load: the job fails, the UI shows the check red with what it found, and
-downstream assets that wait for blocking checks do not run on it. A check that cannot run (the
-database is gone) fails the same way: nothing unchecked passes for checked.
+downstream assets that wait for blocking checks do not run on it. A check that cannot run fails
+the same way: nothing unchecked passes for checked. The warehouse being away is no verdict of a
+check: :func:`evaluate_partition` raises it, and the load step rides it out (its connection is
+opened right after the partition's commit, where a crash of the warehouse often meets it) and
+evaluates the checks again once the warehouse answers, up to its outage budget.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from mostovik_pipelines.framework.dagster_compat import (
 )
 from mostovik_pipelines.framework.errors import classify
 from mostovik_pipelines.framework.load_target import LoadMode
+from mostovik_pipelines.framework.outages import Store, is_away
 from mostovik_pipelines.framework.quality.quarantine import quarantined_rows
 from mostovik_pipelines.framework.quality.shape import ShapeReport
 from mostovik_pipelines.framework.spec import (
@@ -122,6 +126,8 @@ def evaluate_partition(engine: Engine, spec: SourceSpec, partition_key: str, run
             try:
                 result = check.evaluate(request)
             except Exception as exc:
+                if is_away(Store.WAREHOUSE, exc):
+                    raise  # not the check's verdict: the step rides the warehouse out
                 connection.rollback()
                 result = CheckResult(False, f"the check could not run: {classify(exc).reason}")
             metadata = {**result.metadata,

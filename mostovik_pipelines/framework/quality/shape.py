@@ -16,7 +16,10 @@ partition loads.
     kind of values);
   - a field whose non-empty values are, for more than the declared ``systematic_share``, of a
     kind the declaration does not accept (a number now text with a unit, another date format)
-    fails the whole partition as a contract error, instead of rejecting its rows one by one.
+    fails the whole partition as a contract error, instead of rejecting its rows one by one;
+  - a payload without the records the declaration names (``SourceShape.records``) is an empty
+    period only when it holds nothing else: one that holds other fields (the record element
+    renamed) fails as a contract error, never loads as an empty period.
   Nothing here ever changes a table: accepting a change is an edit of the declaration.
 * A partition whose shape differs from the declaration is recorded as an asset observation of
   the partition (:func:`observation_metadata`): the UI shows it, and the sensor
@@ -136,6 +139,10 @@ class ObservedShape:
     """The fields of one payload, in the order the source sent them."""
 
     fields: tuple[ObservedField, ...]
+    records: int | None = None
+    """How many records the payload holds (XML record elements, JSON records, data rows);
+    None when not counted. A payload without any is an empty period only when it holds
+    nothing else (:attr:`SourceShape.records`)."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -148,7 +155,10 @@ class ObservedShape:
             counts = kinds.setdefault(f.name, {})
             for kind, n in f.kinds.items():
                 counts[kind] = counts.get(kind, 0) + n
-        return ObservedShape(tuple(ObservedField(name, counts) for name, counts in kinds.items()))
+        records = (None if self.records is None or other.records is None
+                   else self.records + other.records)
+        return ObservedShape(tuple(ObservedField(name, counts) for name, counts in kinds.items()),
+                             records)
 
 
 def _sample(values: Sequence[Any]) -> Sequence[Any]:
@@ -169,7 +179,8 @@ def _counted(values: Iterable[Any]) -> dict[str, int]:
 def observe_columns(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> ObservedShape:
     """A table's shape (CSV or XLSX): its header names and each column's values."""
     return ObservedShape(tuple(ObservedField(str(name), _counted(_sample(values)))
-                               for name, values in zip(names, columns, strict=True)))
+                               for name, values in zip(names, columns, strict=True)),
+                         records=max((len(values) for values in columns), default=0))
 
 
 def observe_records(records: Sequence[Any]) -> ObservedShape:
@@ -184,7 +195,7 @@ def observe_records(records: Sequence[Any]) -> ObservedShape:
               if isinstance(r, dict)]
     return ObservedShape(tuple(ObservedField(name, _counted(r.get(name) for r in sample
                                                             if name in r))
-                               for name in names))
+                               for name in names), records=len(records))
 
 
 def observe_xml(root: Element, record: str) -> ObservedShape:
@@ -192,7 +203,8 @@ def observe_xml(root: Element, record: str) -> ObservedShape:
     child elements of its ``record`` elements (``Record/@name``, ``Record/Child``)."""
     values: dict[str, list[Any]] = {f"{root.tag}/@{name}": [value]
                                     for name, value in root.attrib.items()}
-    for element in _sample(root.findall(record)):
+    elements = root.findall(record)
+    for element in _sample(elements):
         for name, value in element.attrib.items():
             values.setdefault(f"{record}/@{name}", []).append(value)
         for child in element:
@@ -200,7 +212,8 @@ def observe_xml(root: Element, record: str) -> ObservedShape:
     for child in root:
         if child.tag != record:
             values.setdefault(f"{root.tag}/{child.tag}", []).append(child.text)
-    return ObservedShape(tuple(ObservedField(name, _counted(v)) for name, v in values.items()))
+    return ObservedShape(tuple(ObservedField(name, _counted(v)) for name, v in values.items()),
+                         records=len(elements))
 
 
 # --- what the source declares -------------------------------------------------------------------
@@ -245,6 +258,18 @@ class SourceShape:
     """The share of a field's non-empty values of a kind not accepted above which the field
     changed kind (a contract error for the partition); below it, the rows are the parser's to
     reject one by one."""
+    records: str | None = None
+    """What a record is called in the payload (an XML element: its fields are declared as
+    ``Record/...``). A payload without records is an empty period only when it says so
+    positively, holding nothing it does not declare; one that holds something else (the
+    record element renamed) is a change of shape, never an empty period. Required of a source
+    whose empty payload is valid."""
+
+    def is_record_field(self, name: str) -> bool:
+        """Whether a payload sends ``name`` inside its records (``Record/...``; every field
+        of a source whose fields are not named by their record), not around them."""
+        prefixed = any(f.name.startswith(f"{self.records}/") for f in self.fields)
+        return bool(self.records) and (name.startswith(f"{self.records}/") or not prefixed)
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.fields]
@@ -281,25 +306,33 @@ class ShapeDrift:
     replacements: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Missing field -> (the sent field that looks like its replacement, why)."""
     kinds: tuple[KindChange, ...] = ()
+    no_records: str | None = None
+    """The records the declaration expects, when the payload holds none of them but other
+    fields (``added``): not an empty period."""
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.missing or self.kinds)
+        return bool(self.added or self.missing or self.kinds or self.no_records)
 
     def breaks(self, policy: AddedFieldPolicy) -> bool:
         """Whether the partition fails under the declaration's policy for added fields."""
-        return bool(self.missing or self.kinds
+        return bool(self.missing or self.kinds or self.no_records
                     or (self.added and policy is AddedFieldPolicy.FREEZE))
 
     @property
     def fingerprint(self) -> str:
         """The same change gives the same text, whatever the partition: what is said once."""
-        canonical = json.dumps([sorted(self.added), sorted(self.missing),
-                                sorted((c.name, sorted(c.sent)) for c in self.kinds)])
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        parts: list = [sorted(self.added), sorted(self.missing),
+                       sorted((c.name, sorted(c.sent)) for c in self.kinds)]
+        if self.no_records:
+            parts.append(self.no_records)
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         replacing = {new for new, _ in self.replacements.values()}
-        parts = [f"added field {name}" for name in self.added if name not in replacing]
+        parts = ([f"no {self.no_records} records but {', '.join(self.added)}: not an empty "
+                  "period"] if self.no_records else [])
+        parts += [f"added field {name}" for name in self.added
+                  if name not in replacing and not self.no_records]
         for name in self.missing:
             if name in self.replacements:
                 new, why = self.replacements[name]
@@ -315,7 +348,11 @@ def compare(shape: SourceShape, observed: ObservedShape) -> ShapeDrift:
     declared = {f.name: f for f in shape.fields}
     sent = {f.name: f for f in observed.fields}
     added = tuple(name for name in observed.names if name not in declared)
-    missing = tuple(f.name for f in shape.fields if f.name not in sent and not f.optional)
+    without_records = bool(shape.records) and observed.records == 0
+    missing = tuple(f.name for f in shape.fields if f.name not in sent and not f.optional
+                    and not (without_records and shape.is_record_field(f.name)))
+    if without_records and added:
+        return ShapeDrift(added, missing, no_records=shape.records)
     replacements = {name: found for name in missing
                     if (found := _replacement(name, shape, observed, added))}
     kinds = []

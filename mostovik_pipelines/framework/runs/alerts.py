@@ -1,5 +1,6 @@
-"""Alerts, one per failed job and one per source gone stale, through the configurable notifier
-(:mod:`mostovik_pipelines.resources.notifier`: a log line, and a webhook when one is set).
+"""Alerts, one per failed job and one per change of a source's shape, through the one notifier
+(:mod:`mostovik_pipelines.resources.notifier`: a log line, the durable outbox, and a webhook when
+one is set).
 
 * ``run_failure_alerts``: a run-failure sensor, running by default, watching every job of this
   code location, the implicit asset job of UI asset backfills included (Dagster matches runs
@@ -14,22 +15,24 @@
   its parent ended with) gets ``failed``, so the UI's run list filters it with the others.
   ``cancelled_runs_status`` does the same for a run an operator cancelled (no alert: someone
   chose it).
-* ``freshness_alerts``: the daemon evaluates every source's ``FreshnessPolicy`` and records each
-  change of state; this sensor alerts once each time a source turns FAIL (stale) and again only
-  after it has been fresh in between.
 * ``source_shape_alerts``: a partition whose source sent other fields than its declaration
   expects is recorded as an observation of the partition (:mod:`..quality.shape`), by whatever
   launched its run; this sensor reads them in the order they were recorded and alerts once per
   change (its fingerprint, kept in the cursor), naming source, fields and the first partition
   that showed it. A run that failed only for such a change gets no run-failure alert of its
   own: the change is said once, not once per partition.
+* ``alert_outbox``: delivers what the others wrote to the outbox and the webhook has not
+  acknowledged yet, with backoff (:mod:`mostovik_pipelines.resources.notifier`): an alert is
+  delivered or pending, never only in a log.
+
+Late periods and periods that left the lookback unloaded are alerted by the deadlines' sensor
+(:mod:`..automation.deadlines`), through the same notifier.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from dagster import (
     AssetKey,
@@ -38,7 +41,6 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
-    FreshnessPolicy,
     RunFailureSensorContext,
     RunStatusSensorContext,
     SensorDefinition,
@@ -50,10 +52,6 @@ from dagster import (
 )
 
 from mostovik_pipelines.framework.automation.partition_states import waiting_for_operator
-from mostovik_pipelines.framework.dagster_compat import (
-    CronFreshnessPolicy,
-    TimeWindowFreshnessPolicy,
-)
 from mostovik_pipelines.framework.errors import SourceShapeChanged
 from mostovik_pipelines.framework.quality.shape import (
     CHANGE_KEY,
@@ -61,18 +59,16 @@ from mostovik_pipelines.framework.quality.shape import (
     OUTCOME_KEY,
     SHAPE_KEY,
 )
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG, STATUS_TAG
-from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
+from mostovik_pipelines.framework.runs.status import JobStatus, record_failed
+from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
 from mostovik_pipelines.settings import setting
 
 ALERT_NOTIFIER_KEY = "alert_notifier"
 ALERT_INTERVAL_SECONDS = int(setting("MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS", "15"))
-"""Seconds between two looks for failed or cancelled runs and overdue assets."""
-FRESHNESS_FAILED = "FAIL"
-"""The freshness state (read by value: Dagster 1.13 exports no ``FreshnessState``) in which a
-source's data is older than its policy allows."""
+"""Seconds between two looks for failed or cancelled runs, changed shapes and pending alerts."""
 WILL_RETRY_TAG = "dagster/will_retry"
 """Set by Dagster on a failed run: whether the daemon's run retries will run it again."""
 
@@ -85,8 +81,8 @@ SHAPE_OBSERVATIONS_PER_TICK = 1_000
 
 
 def alert_sensors(sources: Sequence[SourceSpec]) -> list[SensorDefinition]:
-    return [_run_failure_alerts(sources), _freshness_alerts(sources), _cancelled_runs_status(),
-            _source_shape_alerts(sources)]
+    return [_run_failure_alerts(sources), _cancelled_runs_status(),
+            _source_shape_alerts(sources), _alert_outbox()]
 
 
 def _cancelled_runs_status() -> SensorDefinition:
@@ -100,9 +96,7 @@ def _cancelled_runs_status() -> SensorDefinition:
         monitor_all_code_locations=False,
     )
     def cancelled_runs_status(context: RunStatusSensorContext) -> None:
-        run = context.dagster_run
-        if run.tags.get(STATUS_TAG) not in (None, JobStatus.FAILED.value):
-            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+        record_failed(context.instance, context.dagster_run)
 
     return cancelled_runs_status
 
@@ -119,8 +113,7 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def run_failure_alerts(context: RunFailureSensorContext,
                            alert_notifier: AlertNotifierResource) -> None:
         run = context.dagster_run
-        if run.tags.get(STATUS_TAG) != JobStatus.FAILED.value:
-            context.instance.add_run_tags(run.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+        record_failed(context.instance, run)
         if run.tags.get(WILL_RETRY_TAG) == "true":
             # The daemon runs it again (a lost worker): the job has not failed yet. Its retry,
             # a run of its own, alerts if it fails too.
@@ -171,46 +164,6 @@ def _what_comes_next(partitions: Sequence[str], waiting: Sequence[str]) -> str:
     return (f" | waiting for an operator: {', '.join(waiting)}"
             + (f" (the other {rest} partition(s) are asked for again automatically)"
                if rest else ""))
-
-
-def _freshness_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
-    watched = {spec.name: spec for spec in sources if spec.freshness_policy is not None}
-
-    @sensor(
-        name="freshness_alerts",
-        description="One alert each time a source's freshness policy fails (its data is "
-                    "stale), as the daemon evaluates it.",
-        default_status=DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=ALERT_INTERVAL_SECONDS,
-    )
-    def freshness_alerts(context: SensorEvaluationContext,
-                         alert_notifier: AlertNotifierResource) -> SkipReason:
-        if not watched:
-            return SkipReason("no source has a freshness policy")
-        # The cursor: per source, the time of the state change it last alerted on.
-        alerted: dict[str, float] = json.loads(context.cursor) if context.cursor else {}
-        records = context.instance.get_freshness_state_records(
-            [AssetKey(name) for name in watched])
-        sent = []
-        for key, record in records.items():
-            name = key.to_user_string()
-            changed_at = record.updated_at.timestamp()
-            if record.freshness_state.value != FRESHNESS_FAILED or (
-                    alerted.get(name, 0.0) >= changed_at):
-                continue
-            spec = watched[name]
-            alert_notifier.notify(Alert(
-                kind="freshness", source=name, period=_newest_period(spec),
-                job_status="stale", error_class="freshness", error_kind="stale",
-                message=_stale_message(context, spec),
-                link=alert_notifier.asset_link(name),
-            ), context.log)
-            alerted[name] = changed_at
-            sent.append(name)
-        context.update_cursor(json.dumps(alerted, sort_keys=True))
-        return SkipReason(f"stale: {', '.join(sent)}" if sent else "no source turned stale")
-
-    return freshness_alerts
 
 
 def _source_shape_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
@@ -268,30 +221,22 @@ def _shape_alert(spec: SourceSpec, partition: str | None, metadata: dict,
                  f"{metadata[CHANGE_KEY].value}; {then} "
                  f"(mostovik_pipelines/sources/{spec.name}/source.py). It sends now: "
                  f"{metadata[SHAPE_KEY].value}"),
-        link=notifier.asset_link(spec.name),
+        link=notifier.asset_link(spec.name), subject=str(metadata[FINGERPRINT_KEY].value),
     )
 
 
-def _newest_period(spec: SourceSpec) -> str | None:
-    """The newest partition the source has: the period that should be loaded by now."""
-    try:
-        return spec.partitions_def.get_last_partition_key()
-    except Exception:  # dynamic partitions (files) need an instance; they have no due period
-        return None
+def _alert_outbox() -> SensorDefinition:
+    @sensor(
+        name="alert_outbox",
+        description="Delivers the alerts the webhook has not acknowledged yet, oldest first, "
+                    "with backoff: an alert is delivered or pending, never lost.",
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=ALERT_INTERVAL_SECONDS,
+    )
+    def alert_outbox(context: SensorEvaluationContext,
+                     alert_notifier: AlertNotifierResource) -> SkipReason:
+        sent, pending = alert_notifier.deliver_pending(context.log)
+        return SkipReason(f"delivered {sent}, {pending} still pending" if sent or pending
+                          else "nothing to deliver")
 
-
-def _stale_message(context: SensorEvaluationContext, spec: SourceSpec) -> str:
-    event = context.instance.get_latest_materialization_event(AssetKey(spec.name))
-    last = (datetime.fromtimestamp(event.timestamp, UTC).isoformat(timespec="seconds")
-            if event else "never")
-    return (f"{spec.name} is stale: {describe_policy(spec.freshness_policy)}; "
-            f"last loaded {last}")
-
-
-def describe_policy(policy: FreshnessPolicy | None) -> str:
-    if isinstance(policy, CronFreshnessPolicy):
-        return (f"due by each tick of '{policy.deadline_cron}' ({policy.timezone}), loaded at "
-                f"most {policy.lower_bound_delta} before it")
-    if isinstance(policy, TimeWindowFreshnessPolicy):
-        return f"due within {policy.fail_window.to_timedelta()} of its last load"
-    return "no freshness policy"
+    return alert_outbox

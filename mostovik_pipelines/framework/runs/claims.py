@@ -26,8 +26,8 @@ The fence: a holder whose claim connection dropped may have been counted dead me
 its partitions taken over. So before each of its writes (the load's transaction, the landing
 store, the op outputs) a run calls :func:`ensure_run_claim`: its claim's connection must answer;
 a dropped one is taken again within :data:`FENCE_GRACE_SECONDS` of when it last answered (or,
-after a database restart, within the restart grace; a database nobody reaches is waited for as
-long as the run's storage calls ride it out), else the write fails with
+after a database restart, within the restart grace; a database nobody reaches is ridden out as
+the run's storage calls ride it out, :mod:`..outages`), else the write fails with
 :class:`.errors.RunClaimLost` and the run writes nothing more. The other side of it: a check
 counts a run that held its claim dead only once the claim stays free for
 :data:`CLAIM_GONE_SECONDS` (:func:`run_claim_gone`), longer than that grace. A first take that
@@ -61,12 +61,20 @@ from pathlib import Path
 import psycopg
 from dagster import DagsterInstance
 
-import mostovik_pipelines.framework.runs.storage_outage as storage_outage
 from mostovik_pipelines.framework.errors import (
     ConfigurationError,
     RunClaimLost,
     Verdict,
     classify,
+)
+from mostovik_pipelines.framework.outages import (
+    Store,
+    StoreAway,
+    answered,
+    away_for,
+    database_of,
+    is_away,
+    ride_out,
 )
 
 KEEPALIVE_SETTINGS = ("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
@@ -212,7 +220,7 @@ class _ClaimKeeper:
 
     def __init__(self, dsn: str, run_id: str, settings: dict[str, str]) -> None:
         self._dsn = dsn
-        self._database = storage_outage.database_of(dsn)
+        self._database = database_of(dsn)
         self._run_id = run_id
         self._key = _lock_key(run_id)
         self._released = threading.Event()
@@ -229,11 +237,10 @@ class _ClaimKeeper:
         try:
             self._take()
         except psycopg.Error as error:
-            verdict = classify(error)
-            if not verdict.outage:  # a setting of ours, not the database away: say so now
-                raise RunClaimRefused(_refusal_message(verdict, settings)) from error
+            if not is_away(Store.RUN_STORAGE, error):  # a setting of ours: say so now
+                raise RunClaimRefused(_refusal_message(classify(error), settings)) from error
             self._lost_since = self._verified_at  # away: the keeper takes it once it answers
-            storage_outage.away_for(self._database, since=self._verified_at)
+            away_for(Store.RUN_STORAGE, self._database, since=self._verified_at)
         self._thread = threading.Thread(target=self._keep, name=f"claim {run_id}", daemon=True)
         self._thread.start()
 
@@ -257,7 +264,7 @@ class _ClaimKeeper:
                             f"{now - self._lost_since:.0f} s, past the {FENCE_GRACE_SECONDS:.0f} s "
                             "it may be taken again in: another run may have taken over its "
                             "partitions")
-        storage_outage.answered(self._database)
+        answered(Store.RUN_STORAGE, self._database)
         self._connection = connection
         self._retaken_at = now if self._lost_since is not None else None
         self._verified_at = now
@@ -283,7 +290,7 @@ class _ClaimKeeper:
             self._connection = None
             if self._lost_since is None:
                 self._lost_since = self._verified_at
-            storage_outage.away_for(self._database, since=self._verified_at)
+            away_for(Store.RUN_STORAGE, self._database, since=self._verified_at)
             return False
         now = time.monotonic()
         if self._retaken_at is not None and now - self._retaken_at >= KEEPER_CHECK_SECONDS / 2:
@@ -315,30 +322,26 @@ class _ClaimKeeper:
         """Return if the claim is held, or taken again in time; else raise
         :class:`RunClaimLost`: this process must not write for the run any more.
 
-        A claim that cannot be taken again now is waited for as long as the run's storage calls
-        ride its database out (``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS``): nobody can count the
-        run dead while nobody reaches the database. Once taken again, :meth:`_take` decides:
-        within the grace of the loss, or of a restart of the database, the run goes on; else it
-        is fenced (others reached the database meanwhile)."""
+        A claim that cannot be taken again now is ridden out as the run's storage calls ride out
+        its database (:func:`.outages.ride_out`, the run storage's budget, on the clock they
+        share, counted from when the claim last answered): nobody can count the run dead while
+        nobody reaches the database. Once taken again, :meth:`_take` decides: within the grace
+        of the loss, or of a restart of the database, the run goes on; else it is fenced
+        (others reached the database meanwhile)."""
         with self._guard:
             if self._fenced is None and not self._verify():
-                budget = max(FENCE_GRACE_SECONDS, storage_outage.budget_seconds())
-                while self._fenced is None and self._connection is None:
-                    left = budget - (time.monotonic() - self._lost_since)
-                    if left <= 0:
-                        self._fenced = (
-                            f"run {self._run_id} lost its claim and could not take it again "
-                            f"within {budget:.0f} s ({storage_outage.BUDGET_ENV}): the run "
-                            "storage "
-                            "database cannot be reached from here, and another run may take "
-                            "over its partitions")
-                        break
-                    try:
-                        self._take(timeout=min(left, FENCE_GRACE_SECONDS / 2))
-                    except psycopg.Error:
-                        time.sleep(min(RECONNECT_SECONDS, max(left, 0)))
+                try:
+                    ride_out(Store.RUN_STORAGE, self._take_unless_held, target=self._database,
+                             since=self._lost_since)
+                except StoreAway as gone:
+                    self._fenced = (f"run {self._run_id} lost its claim and could not take it "
+                                    f"again: {gone}; another run may take over its partitions")
             if self._fenced is not None:
                 raise RunClaimLost(f"{self._fenced}; nothing more is written by this run")
+
+    def _take_unless_held(self) -> None:
+        if self._fenced is None and self._connection is None:
+            self._take(timeout=FENCE_GRACE_SECONDS / 2)
 
     def release(self) -> None:
         self._released.set()

@@ -36,13 +36,13 @@ from mostovik_pipelines.framework.dagster_compat import (
     RemoteRepositoryOrigin,
     create_execution_plan,
 )
+from mostovik_pipelines.framework.runs.status import without_status
 from mostovik_pipelines.framework.runs.tags import (
     LAUNCHED_BY_TAG,
     PARTITION_TAG,
     REASON_TAG,
     REQUESTED_BY_TAG,
     RERUN_OF_TAG,
-    STATUS_TAG,
 )
 from mostovik_pipelines.framework.runs.tracking import JobNotFound, latest_job_for
 
@@ -82,9 +82,8 @@ def _finished_run(instance: DagsterInstance, run_id: str) -> DagsterRun:
 
 def _reexecution_tags(run: DagsterRun, tags: Mapping[str, str] | None) -> dict[str, str]:
     """The repeated run's tags, less its process, status and signature, plus ``tags``."""
-    kept = {k: v for k, v in run.tags.items()
-            if not k.startswith(PROCESS_TAG_PREFIXES)
-            and k not in (STATUS_TAG, REQUESTED_BY_TAG, REASON_TAG)}
+    kept = {k: v for k, v in without_status(run.tags).items()
+            if not k.startswith(PROCESS_TAG_PREFIXES) and k not in (REQUESTED_BY_TAG, REASON_TAG)}
     return {**kept, LAUNCHED_BY_TAG: LAUNCHED_BY, **(tags or {}), RERUN_OF_TAG: run.run_id}
 
 

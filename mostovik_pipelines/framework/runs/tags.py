@@ -22,10 +22,7 @@ RANGE_END_TAG = "dagster/asset_partition_range_end"
 # A step's host, process, executor and Celery task are no tags: each step reports them in an
 # engine event (see lifecycle.record_step), so the run list shows only what operators filter by.
 
-# Written by the run itself as it ends (see tracking.job_status_of), or for a run that died
-# without a word, by the job status sensor once run storage marks it failed:
-STATUS_TAG = f"{TAG_PREFIX}status"
-"""The ADR-016 status of a finished job: completed, partial or failed."""
+# A run's ADR-016 status (``mostovik/status``) is written and read by .status alone.
 
 # Written by the schedules and sensors that ask for partitions (framework/automation):
 REQUESTED_BECAUSE_TAG = f"{TAG_PREFIX}requested_because"

@@ -17,8 +17,7 @@ ADR's terms:
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,12 @@ from dagster import (
     RunsFilter,
 )
 
+from mostovik_pipelines.framework.runs.status import (
+    RUN_STATUS_TO_JOB_STATUS,
+    JobStatus,
+    completed_or_partial,
+    job_status,
+)
 from mostovik_pipelines.framework.runs.tags import (
     JOB_TYPE_TAG,
     LAUNCHED_BY_TAG,
@@ -44,7 +49,6 @@ from mostovik_pipelines.framework.runs.tags import (
     REQUESTED_BY_TAG,
     RERUN_OF_TAG,
     SOURCE_TAG,
-    STATUS_TAG,
 )
 
 if TYPE_CHECKING:
@@ -62,42 +66,9 @@ STEP_CELERY_TASK = "mostovik/celery_task"
 """Metadata of the engine event each step reports as it starts (``lifecycle.record_step``)."""
 
 
-class JobStatus(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    PARTIAL = "partial"
-
-
-RUN_STATUS_TO_JOB_STATUS = {
-    DagsterRunStatus.QUEUED: JobStatus.PENDING,
-    DagsterRunStatus.NOT_STARTED: JobStatus.PENDING,
-    DagsterRunStatus.STARTING: JobStatus.PENDING,
-    DagsterRunStatus.MANAGED: JobStatus.PENDING,
-    DagsterRunStatus.STARTED: JobStatus.RUNNING,
-    DagsterRunStatus.CANCELING: JobStatus.RUNNING,
-    DagsterRunStatus.SUCCESS: JobStatus.COMPLETED,
-    DagsterRunStatus.FAILURE: JobStatus.FAILED,
-    DagsterRunStatus.CANCELED: JobStatus.FAILED,
-}
 RESULTS = {JobStatus.COMPLETED: "success", JobStatus.PARTIAL: "partial", JobStatus.FAILED: "error"}
-NOT_AVAILABLE_YET = "not available yet"
 PENDING_RUN_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED,
                         DagsterRunStatus.STARTING]
-
-
-def completed_or_partial(rejected: int, left_out: Mapping[str, str], *,
-                         ranged: bool) -> JobStatus:
-    """The status of a job whose run succeeded: partial when it did not take everything in (rows
-    quarantined; a partition stopped for a concurrent run or superseded by a newer load; any
-    partition of a range left out), else completed. A single partition the source has not
-    published yet is completed: the run did all there was to do."""
-    if rejected or (ranged and left_out):
-        return JobStatus.PARTIAL
-    if any(not reason.startswith(NOT_AVAILABLE_YET) for reason in left_out.values()):
-        return JobStatus.PARTIAL
-    return JobStatus.COMPLETED
 
 
 class JobNotFound(LookupError):
@@ -226,8 +197,8 @@ def _run_statuses(status: JobStatus | None) -> list[DagsterRunStatus] | None:
     if status is None:
         return None
     wanted = JobStatus.COMPLETED if status is JobStatus.PARTIAL else status
-    return [run_status for run_status, job_status in RUN_STATUS_TO_JOB_STATUS.items()
-            if job_status is wanted]
+    return [run_status for run_status, meant in RUN_STATUS_TO_JOB_STATUS.items()
+            if meant is wanted]
 
 
 def stuck_jobs(instance: DagsterInstance, sources: Sequence[SourceSpec],
@@ -263,7 +234,7 @@ def latest_job_for(instance: DagsterInstance, source: str, partition: str) -> Jo
 def _job_from_record(instance: DagsterInstance, record: RunRecord,
                      specs: dict[str, SourceSpec], detail: bool = True) -> Job:
     """The job of a run. Without ``detail`` (job lists) the event log is not read whole: the
-    status comes from the run's ``mostovik/status`` tag and the figures from its
+    status comes from the run's status tag (:mod:`.status`) and the figures from its
     materialisations only."""
     run = record.dagster_run
     source = _source_of(run, specs)
@@ -276,11 +247,8 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
     processes: dict[str, str] = {}
     celery_tasks: dict[str, str] = {}
     executor = None
-    status = RUN_STATUS_TO_JOB_STATUS[run.status]
-    tagged = run.tags.get(STATUS_TAG)
-    trust_tag = status is JobStatus.COMPLETED and tagged in (JobStatus.COMPLETED,
-                                                             JobStatus.PARTIAL)
-    if not detail and (trust_tag or status is not JobStatus.COMPLETED):
+    status, final = job_status(run)
+    if not detail and final:
         entries = [record.event_log_entry for record in instance.get_records_for_run(
             run.run_id, of_type={DagsterEventType.ASSET_MATERIALIZATION,
                                  DagsterEventType.ENGINE_EVENT}).records]
@@ -320,9 +288,7 @@ def _job_from_record(instance: DagsterInstance, record: RunRecord,
     totals = {key: sum(p.get(key, 0) for p in per_partition.values()) for key in LOAD_COUNT_KEYS
               if key in ("inserted", "updated", "unchanged", "deleted", "rejected")
               or any(key in p for p in per_partition.values())}
-    if trust_tag:
-        status = JobStatus(tagged)
-    elif status is JobStatus.COMPLETED:
+    if not final:
         status = completed_or_partial(totals["rejected"], left_out, ranged=len(partitions) > 1)
     return Job(
         run_id=run.run_id, source=source,

@@ -23,7 +23,11 @@ from mostovik_pipelines.framework.errors import (
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.framework.spec import ExtractRequest, PageCursor, RawPayload, SourceSpec
-from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, ranged_run
+from mostovik_pipelines.framework.steps.lifecycle import (
+    fail_or_set_aside,
+    ranged_run,
+    riding_out,
+)
 from mostovik_pipelines.framework.steps.outcomes import LandedPages, PartitionFailure, page_cursor
 from mostovik_pipelines.framework.steps.sync_progress import committed_progress, pages_to_resume
 from mostovik_pipelines.resources.landing import LandedPayload
@@ -32,6 +36,14 @@ from mostovik_pipelines.resources.landing import LandedPayload
 def extract_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
                        reuse_landed: bool, full_resync: bool = False,
                        ) -> LandedPayload | LandedPages | PartitionFailure:
+    """The partition fetched and landed (what this run landed of it already is kept), riding
+    out the landing store or the warehouse being away."""
+    return riding_out(context, StepContext(spec.name, key, "extract"), lambda: _extract(
+        context, spec, key, reuse_landed, full_resync))
+
+
+def _extract(context: OpExecutionContext, spec: SourceSpec, key: str, reuse_landed: bool,
+             full_resync: bool) -> LandedPayload | LandedPages | PartitionFailure:
     if spec.paged:
         if reuse_landed:
             return fail_or_set_aside(

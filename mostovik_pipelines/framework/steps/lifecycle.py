@@ -7,32 +7,30 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from dagster import AssetKey, OpExecutionContext, RetryRequested
 
 from mostovik_pipelines.framework.errors import ConcurrentRunError, classify
+from mostovik_pipelines.framework.outages import Store, away_store, ride_out
 from mostovik_pipelines.framework.retries import (
     NO_RETRY,
     RetryPolicy,
     StepContext,
     failure_for,
+    outage_recorder,
     retry_or_fail,
 )
 from mostovik_pipelines.framework.runs.claims import hold_run_claim
 from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
-from mostovik_pipelines.framework.runs.tags import (
-    ERROR_CLASS_KEY,
-    PERMANENT,
-    STATUS_TAG,
-    business_tags,
-)
+from mostovik_pipelines.framework.runs.status import JobStatus, record, record_running
+from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY, PERMANENT, business_tags
 from mostovik_pipelines.framework.runs.tracking import (
     STEP_CELERY_TASK,
     STEP_EXECUTOR,
     STEP_HOST,
     STEP_PID,
-    JobStatus,
 )
 from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import (
@@ -42,10 +40,15 @@ from mostovik_pipelines.framework.steps.outcomes import (
 )
 from mostovik_pipelines.settings import EXECUTOR_ENV
 
-OBJECT_STORE_AWAY = "object_store_unreachable"
+T = TypeVar("T")
 CONCURRENT_RUN_POLL_SECONDS = 3.0
 """How often a run waiting for an older run of its partitions looks again. It waits between
 attempts of its step, holding no worker (a Celery worker is free for the run it waits for)."""
+
+
+STEP_STORES = (Store.WAREHOUSE, Store.OBJECT_STORE)
+"""The stores a step's work reaches itself (the run storage's calls ride out in the instance
+storage, the op outputs' in their I/O manager)."""
 
 
 @contextlib.contextmanager
@@ -58,27 +61,24 @@ def running_step(context: OpExecutionContext, spec: SourceSpec) -> Iterator[None
             yield
         except RetryRequested:
             raise
-        except Exception as error:
-            if classify(error).kind != OBJECT_STORE_AWAY:
-                _mark_failed(context)
-                raise
-            # The object store away where no partition's own handling reached (the landing
-            # store's latest read before a fetch, a payload read before a parse): ridden out as
-            # an outage, as a fault inside a partition's handling is.
-            keys = context.partition_keys
-            scope = keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}"
-            decision = retry_or_fail(context, StepContext(spec.name, scope, context.op.name),
-                                     RetryPolicy(), error)
-            if not isinstance(decision, RetryRequested):
-                _mark_failed(context)
-            raise decision from error
         except BaseException:
             _mark_failed(context)
             raise
 
 
+def riding_out(context: OpExecutionContext, step: StepContext, work: Callable[[], T]) -> T:
+    """One partition's work in a step (its fetch and landing, its parse, its load, its checks),
+    made again in place while the warehouse or the object store is away, up to that store's
+    outage budget (:func:`.outages.ride_out`), each wait logged and recorded on the partition.
+    ``work`` is whole or nothing: a fetch lands whole, a load is one transaction (a paged load
+    goes on after its committed pages), a check reads."""
+    return ride_out(STEP_STORES, work, on_wait=outage_recorder(context, step))
+
+
 def _mark_failed(context: OpExecutionContext) -> None:
-    context.instance.add_run_tags(context.run_id, {STATUS_TAG: JobStatus.FAILED.value})
+    # Written whatever the step's copy of the run says: it was read as the run started, and a
+    # re-execution's carried its parent's status, which the first step replaced.
+    record(context.instance, context.run_id, JobStatus.FAILED)
 
 
 def older_run_stops_this_one(context: OpExecutionContext, spec: SourceSpec) -> str | None:
@@ -125,7 +125,10 @@ def fail_or_set_aside(
     ranged: bool,
 ) -> PartitionFailure:
     """Retry the step while the failure is transient; else fail the run (one partition) or set
-    the partition aside (a range), logging why."""
+    the partition aside (a range), logging why. A store away is no failure of the partition:
+    it is raised again for the partition's :func:`riding_out` to wait on."""
+    if away_store(STEP_STORES, exc) is not None:
+        raise exc
     decision = retry_or_fail(context, step, policy, exc)
     if isinstance(decision, RetryRequested) or not ranged:
         raise decision from exc
@@ -149,14 +152,9 @@ def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
     from mostovik_pipelines.execution import current_celery_task_id
     from mostovik_pipelines.framework.dagster_compat import EngineEventData
 
-    run_tags = context.run.tags
-    missing = {k: v for k, v in business_tags(spec).items() if run_tags.get(k) != v}
-    if run_tags.get(STATUS_TAG) != JobStatus.RUNNING.value:
-        # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the
-        # parent's final status among them: the run list must not show it as this run's.
-        missing[STATUS_TAG] = JobStatus.RUNNING.value
-    if missing:
-        context.instance.add_run_tags(context.run_id, missing)
+    # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the parent's
+    # final status among them: the run list must not show it as this run's.
+    record_running(context.instance, context.run, business_tags(spec))
     process = {STEP_HOST: socket.gethostname(), STEP_PID: str(os.getpid()),
                STEP_EXECUTOR: os.environ.get(EXECUTOR_ENV, "in_process")}
     task_id = current_celery_task_id()

@@ -39,10 +39,11 @@ from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
 from mostovik_pipelines.framework.quality.shape import shape_metadata
 from mostovik_pipelines.framework.quality.validation import row_text
 from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
-from mostovik_pipelines.framework.runs.tags import FAILED_PERMANENTLY_KEY, STATUS_TAG
-from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS, completed_or_partial
+from mostovik_pipelines.framework.runs.status import completed_or_partial, record
+from mostovik_pipelines.framework.runs.tags import FAILED_PERMANENTLY_KEY
+from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS
 from mostovik_pipelines.framework.spec import LoadedPartition, ReceivedRows, RejectedRow, SourceSpec
-from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside
+from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, riding_out
 from mostovik_pipelines.framework.steps.outcomes import (
     PartitionFailure,
     PartitionSkipped,
@@ -124,7 +125,7 @@ def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: As
         _fail_run(spec, failed, len(outcomes.partitions))
     status = completed_or_partial(rejected, {o.partition_key: o.reason for o in skipped},
                                   ranged=ranged)
-    context.instance.add_run_tags(context.run_id, {STATUS_TAG: status.value})
+    record(context.instance, context.run_id, status)
     figures = ", ".join(f"{name} {n}" for name, n in totals.items() if name in LOAD_COUNT_KEYS)
     return (f"{spec.name}: job {status.value}; {len(outcomes.partitions)} partition(s)"
             + (f"; {figures}" if figures else ""))
@@ -136,18 +137,18 @@ def _load_one(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
     """One partition's load: what it did, or why it was skipped (a newer load superseded it)
     or failed (a ranged run sets the partition aside and goes on; a single one raises)."""
     started = time.monotonic()
+    step = StepContext(spec.name, key, "load")
     try:
-        if isinstance(outcome, TransformedPages):
-            loaded = _load_pages(context, spec, engine, key, outcome)
-        else:
-            loaded = _load_whole(context, spec, engine, key, outcome)
+        loaded = riding_out(context, step, lambda: (
+            _load_pages(context, spec, engine, key, outcome)
+            if isinstance(outcome, TransformedPages)
+            else _load_whole(context, spec, engine, key, outcome)))
         return dataclasses.replace(loaded, duration_seconds=time.monotonic() - started)
     except PartitionSuperseded as superseded:
         context.log.warning(f"{spec.name} [{key}] superseded: {superseded}")
         return PartitionSkipped(key, f"superseded: {superseded}")
     except Exception as exc:
-        return fail_or_set_aside(context, StepContext(spec.name, key, "load"), spec.load_retry,
-                                 exc, ranged)
+        return fail_or_set_aside(context, step, spec.load_retry, exc, ranged)
 
 
 def _record_materialisation(context: OpExecutionContext, asset_key: AssetKey, key: str,
@@ -172,16 +173,24 @@ def _check(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
            outcome: TransformedPartition | TransformedPages, loaded: PartitionLoad,
            loaded_values: list, ranged: bool) -> PartitionFailure | None:
     """Evaluate and record the partition's selected checks; the partition's failure when a
-    blocking one did not pass."""
+    blocking one did not pass, or when they could not run (the warehouse away past its
+    budget): nothing unchecked passes for checked. Their connection is opened right after the
+    partition's commit, and a store away then is ridden out like the load's."""
     checked = {check.name for check in context.selected_asset_check_keys}
-    evaluations = [evaluation for evaluation in evaluate_partition(
-        engine, spec, key, context.run_id, loaded.received, loaded.received_rows,
-        loaded_values, context.instance, shape=outcome.shape)
-        if evaluation.check_name in checked]
+    step = StepContext(spec.name, key, "check")
+    try:
+        evaluations = [evaluation for evaluation in riding_out(context, step, lambda: (
+            evaluate_partition(engine, spec, key, context.run_id, loaded.received,
+                               loaded.received_rows, loaded_values, context.instance,
+                               shape=outcome.shape)))
+            if evaluation.check_name in checked]
+    except Exception as exc:
+        return fail_or_set_aside(context, step, NO_RETRY, exc, ranged)
     for evaluation in evaluations:
         context.log_event(evaluation)
+    landing = getattr(context.resources, LANDING_KEY)
     for path in loaded.scratch:
-        getattr(context.resources, LANDING_KEY).discard_frame(path)
+        riding_out(context, step, lambda path=path: landing.discard_frame(path))
     blocked = [e for e in evaluations if blocks(e)]
     if not blocked:
         return None

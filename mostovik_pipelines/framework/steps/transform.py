@@ -12,7 +12,7 @@ import pandas as pd
 from dagster import AssetKey, AssetObservation, OpExecutionContext
 
 from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
-from mostovik_pipelines.framework.errors import SourceShapeChanged
+from mostovik_pipelines.framework.errors import SourceContractError, SourceShapeChanged
 from mostovik_pipelines.framework.quality.shape import (
     ObservedShape,
     ShapeReport,
@@ -29,7 +29,11 @@ from mostovik_pipelines.framework.spec import (
     TransformRequest,
     columns_frame,
 )
-from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, ranged_run
+from mostovik_pipelines.framework.steps.lifecycle import (
+    fail_or_set_aside,
+    ranged_run,
+    riding_out,
+)
 from mostovik_pipelines.framework.steps.outcomes import (
     LandedPages,
     PartitionFailure,
@@ -46,6 +50,14 @@ def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
                          landed: LandedPayload | LandedPages
                          ) -> TransformedPartition | TransformedPages | PartitionSkipped | (
                              PartitionFailure):
+    """The landed payload parsed and validated, riding out the landing store being away."""
+    return riding_out(context, StepContext(spec.name, key, "transform"),
+                      lambda: _transform(context, spec, key, landed))
+
+
+def _transform(context: OpExecutionContext, spec: SourceSpec, key: str,
+               landed: LandedPayload | LandedPages
+               ) -> TransformedPartition | TransformedPages | PartitionSkipped | PartitionFailure:
     if isinstance(landed, LandedPages):
         return _transform_pages(context, spec, key, landed)
     landing = getattr(context.resources, LANDING_KEY)
@@ -57,6 +69,11 @@ def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
     try:
         parsed = spec.transform(request)
     except PartitionNotAvailable as not_yet:
+        # What the payload holds is judged all the same: a renamed record element reads as
+        # "not published yet" to a parser, and is a change of shape.
+        shape_failed = _shape_failure(context, spec, key, request.shapes, ranged)
+        if shape_failed:
+            return shape_failed
         context.log.info(f"{spec.name} [{key}] not available yet: {not_yet}; "
                          "nothing loaded, a later run will pick it up")
         return PartitionSkipped(key, f"not available yet: {not_yet}")
@@ -71,6 +88,14 @@ def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
     except Exception as exc:
         return fail_or_set_aside(context, StepContext(spec.name, key, "transform"), NO_RETRY,
                                   exc, ranged)
+    if validated.frame.empty and not validated.rejected and spec.empty_payload_is_valid:
+        report = _shape_of(spec, request.shapes)
+        if report is None or report.observed.records != 0:
+            return fail_or_set_aside(context, StepContext(spec.name, key, "transform"),
+                                     NO_RETRY, SourceContractError(
+                "the payload gave no rows without saying it holds no records (its transform "
+                "reports no shape, or records it did not read): nothing is loaded, the "
+                "partition is not an empty period"), ranged)
     if validated.rejected:
         context.log.warning(
             f"{spec.name} [{key}]: {len(validated.rejected)} rows rejected to quarantine, "

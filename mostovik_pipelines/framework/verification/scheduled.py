@@ -26,6 +26,8 @@ from mostovik_pipelines.framework.dagster_compat import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 from mostovik_pipelines.framework.load.ledger import ledger_entries
+from mostovik_pipelines.framework.outages import Store, ride_out
+from mostovik_pipelines.framework.retries import StepContext, outage_recorder
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY
 from mostovik_pipelines.framework.spec import JobType, SourceSpec
 from mostovik_pipelines.framework.verification.check import (
@@ -38,6 +40,7 @@ from mostovik_pipelines.resources.notifier import Alert
 
 FINGERPRINT_KEY = "mostovik/differences"
 """Metadata of a failed verdict: what the differences are, hashed (an alert is said once)."""
+STORES = (Store.WAREHOUSE, Store.OBJECT_STORE)
 SHOWN_LINES = 12
 """Lines of a verdict an alert carries (the check's metadata keeps them all)."""
 
@@ -48,13 +51,17 @@ def run_verification(context: OpExecutionContext, spec: SourceSpec, against: str
     landing = getattr(context.resources, LANDING_KEY)
     resource = getattr(context.resources, source_resource_key(spec))
     notifier = getattr(context.resources, ALERT_NOTIFIER_KEY)
-    keys = list(partitions) if partitions else lookback_partitions(engine, spec,
-                                                                   datetime.now(UTC))
+    # Read-only work, made again in place while the warehouse or the landing store is away.
+    keys = list(partitions) if partitions else ride_out(
+        STORES, lambda: lookback_partitions(engine, spec, datetime.now(UTC)),
+        on_wait=outage_recorder(context, StepContext(spec.name, "lookback", "verify")))
     said = _said_before(context.instance, spec, keys)
     differing = []
     for key in keys:
-        verdict = verify_partition(engine, spec, key, against, resource=resource,
-                                   landing=landing, instance=context.instance)
+        verdict = ride_out(STORES, lambda key=key: verify_partition(
+            engine, spec, key, against, resource=resource, landing=landing,
+            instance=context.instance), on_wait=outage_recorder(
+                context, StepContext(spec.name, key, "verify")))
         target = _latest_materialization(context.instance, spec, key)
         context.log_event(_evaluation(spec, verdict, target))
         if verdict.agrees:

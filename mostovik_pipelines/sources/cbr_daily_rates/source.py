@@ -10,11 +10,13 @@ its latest rates: that partition is "not available yet", and nothing is loaded u
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 
-from dagster import BackfillPolicy, DailyPartitionsDefinition, FreshnessPolicy
+from dagster import BackfillPolicy, DailyPartitionsDefinition
 from sqlalchemy import Column, Date, Index, Integer, String, select
 
+from mostovik_pipelines.framework.automation.policy import PeriodDeadline
+from mostovik_pipelines.framework.automation.working_days import is_working_day
 from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
 from mostovik_pipelines.framework.retries import RetryPolicy
@@ -90,6 +92,19 @@ def currencies_present_and_positive(request: CheckRequest) -> CheckResult:
     return CheckResult(True, f"{', '.join(EXPECTED_CURRENCIES)} present; all {len(rows)} rates "
                              "positive", metadata)
 
+DUE_AT = time(16, 30)
+"""The CBR publishes tomorrow's rates at ~15:30 Moscow time, and the 16:00 tick loads them."""
+
+
+def rates_due(start: datetime, end: datetime) -> datetime:
+    """A date's rates are due at 16:30 of the day before when the CBR publishes on it (a
+    working day); else (Sunday's, Monday's, the day after a holiday: asked before their day,
+    the CBR answers with older rates) at 16:30 of their own day."""
+    day = start.date()
+    eve = day - timedelta(days=1)
+    return datetime.combine(eve if is_working_day(eve) else day, DUE_AT, start.tzinfo)
+
+
 SHAPE = SourceShape((
     expect("ValCurs/@Date", ValueKind.DATE_DMY),
     expect("ValCurs/@name", ValueKind.TEXT),
@@ -129,8 +144,7 @@ SOURCE = SourceSpec(
     # Tomorrow's partition at every tick (it appears after ~15:30); every day of the last week
     # not loaded yet with it, in the same run: Sunday's and Monday's rates can only be had once
     # the day has come (asked earlier, the CBR answers with Saturday's), a day the CBR was down
-    # for all three ticks comes in at the next one. Today's, loaded as tomorrow's yesterday, is
-    # not reloaded: that would make the freshness policy pass while tomorrow's are missing.
+    # for all three ticks comes in at the next one.
     schedule=SourceSchedule(cron="0 12,16,20 * * *", timezone="Europe/Moscow",
                             latest_partitions=1),
     catch_up=CatchUpPolicy.from_settings("MOSTOVIK_CBR", lookback_days=7),
@@ -143,11 +157,8 @@ SOURCE = SourceSpec(
     backfill_policy=BackfillPolicy.single_run(),
     max_runtime_seconds=10 * 60,
     protocol="http",
-    # Tomorrow's rates are published ~15:30 and the 16:00 run loads them: a working day without
-    # a load between 15:30 and 16:30 Moscow time leaves the source stale.
-    freshness_policy=FreshnessPolicy.cron(
-        deadline_cron="30 16 * * 1-5", lower_bound_delta=timedelta(hours=1),
-        timezone="Europe/Moscow"),
+    deadline=PeriodDeadline(rates_due, "tomorrow's rates by 16:30 Moscow time on days the "
+                                       "CBR publishes; a date after a day off by 16:30 of its day"),
     shape=SHAPE,
     checks=(PartitionCheck(
         "currencies_present_and_positive",

@@ -1,13 +1,16 @@
 """The CBR ``XML_daily.asp`` stand-in: deterministic rates per date, in the CBR's own format.
 
-Like the real service it answers a date with the rates effective on it: rates are set for Tuesday
-to Saturday (the day after each working day); Sunday and Monday carry Saturday's. Tomorrow's
+Like the real service it answers a date with the rates effective on it: rates are set on each
+working day for the next day (Tuesday to Saturday); Sunday and Monday carry Saturday's, and the
+day after a holiday it has learnt carries the holiday's. Tomorrow's
 rates are published at 15:30 Moscow time; asked for a later date, it answers with the latest
 rates it has. Tests can move the publication boundary and change or remove rates of a date.
 
 Served at ``/cbr/XML_daily.asp`` (route ``cbr``); controls: ``POST /_control/cbr/changes``
 ``{"date", "set": {code: "95,1234"}, "remove": [code]}``, ``POST /_control/cbr/published_until``
-``{"date": "2026-11-20" | null}``, ``DELETE /_control/cbr/changes`` (or ``/_control/cbr``).
+``{"date": "2026-11-20" | null}``, ``POST /_control/cbr/holidays`` ``{"dates": ["2026-11-04"]}``
+(working days on which the CBR sets no rates), ``DELETE /_control/cbr/changes`` (or
+``/_control/cbr``).
 """
 
 from __future__ import annotations
@@ -43,12 +46,16 @@ CURRENCIES = (
 )
 
 
-def effective_date(asked: date, published_until: date) -> date:
-    """The date whose rates answer a request for ``asked``."""
+def effective_date(asked: date, published_until: date,
+                   holidays: frozenset[date] = frozenset()) -> date:
+    """The date whose rates answer a request for ``asked``: the latest date, up to it, that
+    follows a day the CBR set rates on (Sunday and Monday carry Saturday's)."""
     day = min(asked, published_until)
-    while day.weekday() in (6, 0):  # Sunday and Monday carry Saturday's rates
-        day -= timedelta(days=1)
-    return day
+    while True:
+        eve = day - timedelta(days=1)
+        if eve.weekday() < 5 and eve not in holidays:
+            return day
+        day = eve
 
 
 def default_published_until(now: datetime | None = None) -> date:
@@ -76,6 +83,16 @@ class CbrStandin(EndpointState):
         self._lock = threading.Lock()
         self._changes: dict[date, tuple[dict[str, str], set[str]]] = {}
         self._published_until: date | None = None
+        self._holidays: frozenset[date] = frozenset()
+
+    def learn_holidays(self, days: list[str]) -> None:
+        with self._lock:
+            self._holidays = frozenset(date.fromisoformat(day) for day in days)
+
+    def set_clock(self, at: datetime | None) -> None:
+        """Published by ``at``: tomorrow's rates from 15:30, else today's."""
+        with self._lock:
+            self._published_until = default_published_until(at) if at else None
 
     def set_published_until(self, day: str | None) -> None:
         with self._lock:
@@ -92,11 +109,12 @@ class CbrStandin(EndpointState):
         with self._lock:
             self._changes.clear()
             self._published_until = None
+            self._holidays = frozenset()
 
     def document(self, asked: date) -> bytes:
         with self._lock:
             published_until = self._published_until or default_published_until()
-            day = effective_date(asked, published_until)
+            day = effective_date(asked, published_until, self._holidays)
             values, removed = self._changes.get(day, ({}, set()))
             values, removed = dict(values), set(removed)
         lines = [

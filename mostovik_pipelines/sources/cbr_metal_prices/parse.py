@@ -1,6 +1,7 @@
 """The CBR's metal prices as published: how a day's prices are asked for (a range of one
 day), and how an ``xml_metall`` answer is read (windows-1251 XML, a decimal comma, no records
-on holidays and for days not published yet).
+on days off and for days not published yet: on a working day, an empty answer for the day
+itself is "not available yet"; on a day off, the day's positively empty answer).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
+from mostovik_pipelines.framework.automation.working_days import is_working_day
 from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.framework.quality.shape import observe_xml
 from mostovik_pipelines.framework.readers.xml import parse_xml
@@ -43,12 +45,13 @@ def parse_metal_prices(request: TransformRequest) -> ParsedRows:
     if root.tag != "Metall":
         raise SourceContractError(f"root element is <{root.tag}>, expected <Metall>")
     records = root.findall("Record")
+    # Always, records or not: an answer without <Record> is an empty day only when it holds
+    # nothing else (a renamed element is a change of shape, never a day without prices).
+    request.report_shape(observe_xml(root, "Record"))
     fetched_on = request.fetched_at.astimezone(MOSCOW).date()
-    if not records and asked >= fetched_on:
+    if not records and (asked > fetched_on or (asked == fetched_on and is_working_day(asked))):
         raise PartitionNotAvailable(f"the CBR lists no prices for {asked} when asked on "
                                     f"{fetched_on}")
-    if records:
-        request.report_shape(observe_xml(root, "Record"))
     rows, rejected = [], []
     for position, record in enumerate(records, 1):
         try:

@@ -5,9 +5,10 @@ The CBR sets the prices on working days. ``xml_metall.asp?date_req1=DD/MM/YYYY&d
 DD/MM/YYYY`` answers in windows-1251 XML with a decimal comma: ``<Metall><Record
 Date="DD.MM.YYYY" Code="1"><Buy>5837,39</Buy><Sell>5837,39</Sell></Record>...</Metall>``, codes 1
 gold, 2 silver, 3 platinum, 4 palladium. Asked for one day, it lists that day's records, and none
-on a weekend or a holiday: such a day completes with nothing loaded (the partition is empty). It
-lists none for a day not published yet either, so an empty answer for the fetch day (Moscow time)
-or later is "not available yet", picked up by a later run, rather than a holiday.
+on a weekend or a holiday: such a day completes with nothing loaded (the partition is empty), as
+long as the answer holds nothing else. It lists none for a day not published yet either, so an
+empty answer for a later day, or for the fetch day (Moscow time) when it is a working day, is
+"not available yet", picked up by a later run.
 
 Settings: ``MOSTOVIK_CBR_METALS_URL`` (default the CBR's), ``MOSTOVIK_CBR_METALS_TIMEOUT_SECONDS``
 (30), ``MOSTOVIK_CBR_METAL_PRICES_START_DATE`` (the first partition, 2026-01-01).
@@ -15,9 +16,12 @@ Settings: ``MOSTOVIK_CBR_METALS_URL`` (default the CBR's), ``MOSTOVIK_CBR_METALS
 
 from __future__ import annotations
 
+from datetime import datetime, time
+
 from dagster import DailyPartitionsDefinition
 from sqlalchemy import Column, Date, Integer
 
+from mostovik_pipelines.framework.automation.policy import PeriodDeadline
 from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
 from mostovik_pipelines.framework.retries import RetryPolicy
@@ -49,6 +53,12 @@ cbr_metal_prices_table = warehouse_table(
     natural_key=("price_date", "metal_code"),
 )
 
+def prices_due(start: datetime, end: datetime) -> datetime:
+    """A day's prices (none on a day off) are due at 19:00 of the day: the 18:00 tick loads
+    them."""
+    return datetime.combine(start.date(), time(19, 0), start.tzinfo)
+
+
 SHAPE = SourceShape((
     expect("Metall/@FromDate", ValueKind.INTEGER),
     expect("Metall/@ToDate", ValueKind.INTEGER),
@@ -57,9 +67,10 @@ SHAPE = SourceShape((
     expect("Record/@Code", ValueKind.INTEGER),
     expect("Record/Buy", NUMBER),
     expect("Record/Sell", NUMBER),
-))
-"""What ``xml_metall`` sends (``FromDate`` and ``ToDate`` are ``YYYYMMDD``); a day without
-records sends no fields at all, and is no change."""
+), records="Record")
+"""What ``xml_metall`` sends (``FromDate`` and ``ToDate`` are ``YYYYMMDD``). A day without
+prices sends ``<Metall>`` with its attributes and nothing in it: an empty day; one that holds
+anything but ``<Record>`` is a change of shape, not an empty day."""
 
 
 SOURCE = SourceSpec(
@@ -89,4 +100,6 @@ SOURCE = SourceSpec(
     # Weekends and holidays have no records: the day completes with nothing loaded.
     empty_payload_is_valid=True,
     shape=SHAPE,
+    deadline=PeriodDeadline(prices_due, "the day's prices (or the day off's empty answer) by "
+                                        "19:00 Moscow time"),
 )

@@ -11,11 +11,12 @@ record deleted and keep it, and nothing is deleted because it is absent from a w
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from dagster import BackfillPolicy, DailyPartitionsDefinition, EnvVar, FreshnessPolicy
+from dagster import BackfillPolicy, DailyPartitionsDefinition, EnvVar
 from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Index, String, Text
 
+from mostovik_pipelines.framework.automation.policy import PeriodDeadline
 from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.framework.quality.shape import SourceShape, ValueKind, expect
 from mostovik_pipelines.framework.retries import RetryPolicy
@@ -54,6 +55,15 @@ erp_work_orders = warehouse_table(
     Index("ix_erp_work_orders_window_date", "window_date"),
     natural_key=("id",),
 )
+
+CATCH_UP = CatchUpPolicy.from_settings("MOSTOVIK_ERP", lookback_days=7, settle_minutes=5)
+
+
+def window_due(start: datetime, end: datetime) -> datetime:
+    """A window is due final an hour after its close plus the settle time: the first hourly
+    tick after the settle time syncs it."""
+    return end + CATCH_UP.settle + timedelta(hours=1)
+
 
 SHAPE = SourceShape((
     expect("id", ValueKind.TEXT, ValueKind.INTEGER),
@@ -101,10 +111,10 @@ SOURCE = SourceSpec(
     max_runtime_seconds=60 * 60,
     protocol="rest",
     shape=SHAPE,
-    # The schedule syncs today's window every hour: two hours without a sync means it stopped.
-    # A day's window is final once a sync that started 5 minutes after midnight has succeeded:
-    # the 00:05 tick syncs yesterday's window with today's. A week of windows is caught up.
-    catch_up=CatchUpPolicy.from_settings("MOSTOVIK_ERP", lookback_days=7, settle_minutes=5),
-    freshness_policy=FreshnessPolicy.time_window(
-        fail_window=timedelta(hours=2), warn_window=timedelta(minutes=90)),
+    # The schedule syncs today's window every hour. A day's window is final once a sync that
+    # started 5 minutes after midnight has succeeded: the 00:05 tick syncs yesterday's window
+    # with today's, and it is due by 01:05. A week of windows is caught up.
+    catch_up=CATCH_UP,
+    deadline=PeriodDeadline(window_due, "a day's window final an hour after its close and "
+                                        "settle time (01:05 Moscow time)"),
 )

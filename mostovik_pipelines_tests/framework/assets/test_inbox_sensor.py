@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 from dagster import AddDynamicPartitionsRequest
 
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.tags import REQUESTED_BECAUSE_TAG
 from mostovik_pipelines.framework.spec import CatchUpPolicy
 from mostovik_pipelines.resources.inbox import InboxResource
@@ -197,9 +198,10 @@ def test_a_tick_over_ten_thousand_waiting_files_none_new_reads_none_of_them(
 
 
 def test_a_version_whose_run_failed_on_a_transient_error_is_asked_for_again_once_per_failure(
-        tmp_path, standin_server, instance, inbox):
+        tmp_path, standin_server, instance, inbox, monkeypatch):
     """The warehouse away past the run's budget: the version is asked for again (after the
     source's backoff, none here) by the sensor, with a run key of that failure and the reason."""
+    monkeypatch.setenv(setting_of(Store.WAREHOUSE), "1")
     source = dataclasses.replace(
         material_deliveries.SOURCE, extract_retry=FAST_RETRY, load_retry=FAST_RETRY,
         catch_up=CatchUpPolicy(backoff=timedelta(0)))

@@ -184,6 +184,29 @@ def test_a_partition_with_a_run_in_flight_is_not_asked_for(cbr, instance):
     assert [run.keys[-1] for run in plan.runs] == [_day(-3), _day(1)]
 
 
+def test_a_final_partition_with_an_operators_run_in_flight_is_never_bridged(
+        cbr, instance, standin):
+    """The CBR's catch-up is one ranged run that re-loads the final days between two asked
+    for; a final day an operator is re-running right now is not one of them: the catch-up is
+    cut around it, so no second run of it starts while the first is in flight."""
+    source, location = cbr
+    job = location.resolve_job_def("cbr_daily_rates_job")
+    final = _day(-2)
+    assert run_partition(job, final, instance).success
+    plan = plan_catch_up(instance, source, datetime.now(UTC))
+    (bridged,) = plan.runs
+    assert bridged.reasons[final] is Reason.IN_RANGE  # final, re-loaded inside the range
+
+    rerun = instance.create_run_for_job(job, tags={PARTITION_TAG: final},
+                                        status=DagsterRunStatus.STARTED)
+    plan = plan_catch_up(instance, source, datetime.now(UTC))
+    assert all(final not in run.reasons for run in plan.runs), plan.describe()
+    assert [(run.keys[0], run.keys[-1]) for run in plan.runs] == [
+        (_day(-4), _day(-3)), (_day(-1), _day(1))]
+    assert partition_states(instance, source, [final], datetime.now(UTC) - timedelta(
+        days=1))[final].in_flight_run == rerun.run_id
+
+
 def test_a_single_run_backfill_of_file_versions_holds_each_of_them_in_flight(
         instance, pg_warehouse_url, standin_server, tmp_path):
     """A UI backfill of several delivery report versions is one ranged run over dynamic

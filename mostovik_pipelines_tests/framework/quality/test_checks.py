@@ -5,13 +5,14 @@ blocking check does to the job."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 
 import pandas as pd
 import pytest
 from dagster import AssetCheckSeverity, DagsterEventType
 from sqlalchemy import Column, Date, Integer, MetaData, String, Table, UniqueConstraint, insert
 
+from mostovik_pipelines.framework.automation.partition_states import Outcome, partition_states
 from mostovik_pipelines.framework.quality.checks import evaluate_partition, partition_checks
 from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
 from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
@@ -120,6 +121,15 @@ def test_a_failed_blocking_check_fails_its_partition_after_the_load(
     # The load committed and says so; the job fails and names the check.
     assert materialized == ({"2026-11-03", PARTITION} if ranged else {PARTITION})
     assert instance.get_run_by_id(result.run_id).tags["mostovik/status"] == "failed"
+    # Loaded, and yet not final: it waits for an operator like a permanent failure (nothing
+    # asks for it again, and its period's deadline stays red).
+    states = partition_states(instance, broken, ["2026-11-03", PARTITION],
+                              datetime.now(UTC) - timedelta(days=1))
+    assert states[PARTITION].loaded and not states[PARTITION].final
+    assert states[PARTITION].latest_outcome is Outcome.FAILED_PERMANENTLY
+    assert states[PARTITION].waiting_for_operator
+    if ranged:
+        assert states["2026-11-03"].final and not states["2026-11-03"].waiting_for_operator
 
 
 # --- what the framework's checks find, on a table they can see broken ---------------------

@@ -125,3 +125,30 @@ def test_columns_are_observed_on_a_sample():
     shape = observe_columns(["a"], [["1"] * 50_000 + ["x"] * 50_000])
     assert sum(shape.fields[0].kinds.values()) == 1_000
     assert shape.fields[0].kinds == {"integer": 500, "text": 500}
+
+
+METALS = SourceShape((
+    expect("Metall/@FromDate", K.INTEGER),
+    expect("Record/@Code", K.INTEGER),
+    expect("Record/Buy", NUMBER),
+), records="Record")
+
+
+def test_an_answer_without_records_is_empty_only_when_it_holds_nothing_else():
+    """The CBR's metals on a day off: ``<Metall FromDate=...>`` and nothing in it is an empty
+    day. The record element renamed reads the same to a parser (no ``<Record>``), and is a
+    change of shape that fails the partition whatever the policy for added fields."""
+    empty = observe_xml(ET.fromstring('<Metall FromDate="20261107"></Metall>'), "Record")
+    assert empty.records == 0 and not compare(METALS, empty)
+    renamed = observe_xml(ET.fromstring(
+        '<Metall FromDate="20261105"><Rec Code="1"><Buy>1,5</Buy></Rec></Metall>'), "Record")
+    drift = compare(METALS, renamed)
+    assert drift.no_records == "Record" and drift.breaks(AddedFieldPolicy.WARN)
+    assert drift.describe() == "no Record records but Metall/Rec: not an empty period"
+    # Without its envelope, even an answer without records is a change.
+    assert compare(METALS, observe_xml(ET.fromstring("<Metall/>"), "Record")).missing == (
+        "Metall/@FromDate",)
+    # JSON records: an empty list of them is the source saying there are none.
+    items = SourceShape(SHAPE.fields, records="items")
+    assert not compare(items, observe_records([]))
+    assert compare(SHAPE, observe_records([])).missing == ("id", "amount", "day")

@@ -74,8 +74,9 @@ def _last_week(weekday: int) -> date:
 
 
 # Tuesday to Saturday of last week carry rates of their own (see standin/cbr.py).
-CUT_DATE, KILLED_DATE, LOST_DATE, EXECUTE_DATE = (_last_week(1), _last_week(2), _last_week(3),
-                                                   _last_week(4))
+CUT_DATE, KILLED_DATE, LOST_DATE, EXECUTE_DATE, CANCELLED_DATE = (
+    _last_week(1), _last_week(2), _last_week(3), _last_week(4), _last_week(5))
+BEFORE_STEP_DATE = _last_week(1) - timedelta(days=7)
 WHO, WHY = "a.petrova", "the source was down on Wednesday"
 SIGNED = {REQUESTED_BY_TAG: WHO, REASON_TAG: WHY}
 
@@ -282,3 +283,94 @@ def test_a_dagster_job_execute_run_killed_mid_run_is_marked_failed_and_not_retri
     assert (alert["requested_by"], alert["reason"]) == (WHO, WHY)
     assert "not retried" in alert["message"]
 
+
+
+def _start_job_execute(services: DagsterServices, day: date,
+                       environment: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [DAGSTER, "job", "execute", "-m", "mostovik_pipelines", "-j", JOB, "--tags",
+         json.dumps({"dagster/partition": day.isoformat()})],
+        env=environment or services.environment, cwd=services.work_dir,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _steps_started(instance: DagsterInstance, run_id: str) -> int:
+    return len(instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_START).records)
+
+
+def test_a_run_killed_before_its_first_step_is_marked_failed_within_a_minute(
+    services, instance, redis_server
+):
+    """A ``dagster job execute`` run on Celery whose first step waits in the queue (no worker
+    serves it) is killed: it started and holds no step, and its claims died with it. The
+    dead-run sensor, which looked at a run that had started no step only 60 s after its start
+    (marked 70-80 s after the kill), marks it within a minute of the kill."""
+    on_celery = {**services.environment, "MOSTOVIK_EXECUTOR": "celery",
+                 "MOSTOVIK_CELERY_BROKER_URL": redis_server.url(7),
+                 "MOSTOVIK_CELERY_BACKEND_URL": redis_server.url(8)}
+    process = _start_job_execute(services, BEFORE_STEP_DATE, on_celery)
+    try:
+        def submitted() -> str | None:
+            for run in instance.get_runs(RunsFilter(job_name=JOB, tags={
+                    "dagster/partition": BEFORE_STEP_DATE.isoformat()})):
+                if any("is celery task" in message
+                       for message in _engine_messages(instance, run.run_id)):
+                    return run.run_id
+            return None
+
+        run_id = wait_until(submitted, PROCESS_START_MARGIN_SECONDS,
+                            "the run's first step submitted to Celery", services.log_tails)
+        os.killpg(process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=60)
+    wait_until(lambda: instance.get_run_by_id(run_id).status is DagsterRunStatus.FAILURE,
+               MARKED_WITHIN_SECONDS + PROCESS_START_MARGIN_SECONDS,
+               f"run {run_id} marked failed", services.log_tails, poll=0.5)
+    seconds = time.monotonic() - killed_at
+    print(f"run {run_id}, killed before its first step, marked failed {seconds:.1f} s after "
+          "the kill")
+    assert seconds < MARKED_WITHIN_SECONDS, f"marked failed after {seconds:.0f} s"
+    assert _steps_started(instance, run_id) == 0
+    failed = instance.get_run_by_id(run_id)
+    assert failed.tags[FAILURE_REASON_TAG] == "UNEXPECTED_TERMINATION"
+    assert failed.tags["mostovik/status"] == "failed"
+
+
+def test_a_run_killed_while_it_is_being_cancelled_is_marked_cancelled_within_a_minute(
+    services, instance, standin, webhook
+):
+    """An operator cancels a ``dagster job execute`` run (the UI's Terminate: nothing can stop
+    its process, which goes on, cancelling) and its process is then killed: the run stayed
+    cancelling until run monitoring's cancel timeout (300 s). The dead-run sensor leaves it
+    alone while its process lives and marks it cancelled within a minute of the kill; its job
+    status says failed, and no alert goes out (someone chose to cancel it)."""
+    standin.fault("hang", seconds=600, match=_query(CANCELLED_DATE))
+    process = _start_job_execute(services, CANCELLED_DATE)
+    try:
+        run_id, pid = _held_run(services, instance, standin, CANCELLED_DATE)
+        instance.run_coordinator.cancel_run(run_id)
+        assert instance.get_run_by_id(run_id).status is DagsterRunStatus.CANCELING
+        ticks = int(CONFIRM_SECONDS // INTERVAL_SECONDS) + 2
+        services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, ticks, INTERVAL_SECONDS)
+        assert instance.get_run_by_id(run_id).status is DagsterRunStatus.CANCELING
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_until(lambda: instance.get_run_by_id(run_id).status is DagsterRunStatus.CANCELED,
+                   MARKED_WITHIN_SECONDS + PROCESS_START_MARGIN_SECONDS,
+                   f"run {run_id} marked cancelled", services.log_tails, poll=0.5)
+        seconds = time.monotonic() - killed_at
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=60)
+        standin.clear_faults()
+        standin.release_hangs()
+    print(f"run {run_id}, killed while cancelling, marked cancelled {seconds:.1f} s after the "
+          "kill")
+    assert seconds < MARKED_WITHIN_SECONDS, f"marked cancelled after {seconds:.0f} s"
+    assert instance.get_run_by_id(run_id).tags["mostovik/status"] == "failed"
+    assert retries_of(instance, run_id) == []
+    assert [alert for alert in webhook.alerts if alert["run_id"] == run_id] == []

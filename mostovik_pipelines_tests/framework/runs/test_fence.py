@@ -20,7 +20,7 @@ from dagster import DagsterInstance, build_init_resource_context, build_output_c
 
 from mostovik_pipelines.framework.errors import RunClaimLost, classify
 from mostovik_pipelines.framework.load.partition import load_partition
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.claims import (
     FENCE_GRACE_SECONDS,
     _postgres_dsn,
@@ -163,7 +163,8 @@ def test_a_write_waits_for_its_claim_as_long_as_the_run_storage_budget_not_a_ste
     of the run rides the database out (``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS``), whatever the
     step's budget for the warehouse and the broker says. An operator who raised the run
     storage's budget for a longer failover found runs fenced at the step's 90 s instead."""
-    monkeypatch.setenv(OUTAGE_SETTING, "1")  # the step's budget: far shorter than the outage
+    # The warehouse's budget: far shorter than the outage.
+    monkeypatch.setenv(setting_of(Store.WAREHOUSE), "1")
     monkeypatch.delenv(OUTAGE_ENV, raising=False)  # the run storage's: its 90 s default
     _write_through_a_restart(tmp_path, monkeypatch, "dagster_fence_budget")
 

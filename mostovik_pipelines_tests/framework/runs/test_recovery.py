@@ -18,9 +18,9 @@ from urllib.parse import unquote
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.framework.retries import OUTAGE_SETTING
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.in_flight import LAUNCH_GRACE_SECONDS
-from mostovik_pipelines.framework.runs.tags import STATUS_TAG
+from mostovik_pipelines.framework.runs.status import STATUS_TAG
 from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import (
@@ -79,13 +79,13 @@ def test_an_old_failed_run_reexecuted_after_a_newer_load_leaves_the_newer_figure
     # failover gets.)
     unreachable = {**env, "MOSTOVIK_DATABASE_URL":
                    f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/nowhere",
-                   OUTAGE_SETTING: "3"}
+                   setting_of(Store.WAREHOUSE): "3"}
     _finish(start_job_execute(PARTITION, unreachable, tmp_path))
     instance = _instance(env)
     old = _newest_run(instance)
     assert old.status == DagsterRunStatus.FAILURE
     [failure] = instance.all_logs(old.run_id, of_type=DagsterEventType.STEP_FAILURE)
-    assert f"past the 3 s a step rides out ({OUTAGE_SETTING})" in (
+    assert f"past the 3 s a run rides out ({setting_of(Store.WAREHOUSE)})" in (
         failure.dagster_event.step_failure_data.error.message)
 
     # The source corrects its figures and a new run loads them.

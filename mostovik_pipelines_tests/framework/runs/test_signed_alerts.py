@@ -36,9 +36,10 @@ def _failed_run(job, instance: DagsterInstance, standin, tags: dict[str, str]) -
     return result.run_id
 
 
-def _alert_for(instance: DagsterInstance, run_id: str, webhook: WebhookReceiver) -> dict:
+def _alert_for(instance: DagsterInstance, run_id: str, webhook: WebhookReceiver,
+               warehouse_url: str) -> dict:
     """The run-failure sensor evaluated on the failed run, as the daemon would; its alert."""
-    evaluate_run_failure_alerts(instance, run_id, webhook)
+    evaluate_run_failure_alerts(instance, run_id, webhook, warehouse_url)
     [alert] = webhook.wait_for(lambda alert: alert["run_id"] == run_id)
     return alert
 
@@ -51,8 +52,8 @@ def test_an_alert_about_a_signed_run_names_who_asked_for_it_and_why(
     with DagsterInstance.ephemeral() as instance:
         signed = _failed_run(job, instance, standin, {REQUESTED_BY_TAG: WHO, REASON_TAG: WHY})
         unsigned = _failed_run(job, instance, standin, {})
-        signed_alert = _alert_for(instance, signed, webhook)
-        unsigned_alert = _alert_for(instance, unsigned, webhook)
+        signed_alert = _alert_for(instance, signed, webhook, sqlite_warehouse_url)
+        unsigned_alert = _alert_for(instance, unsigned, webhook, sqlite_warehouse_url)
 
     assert (signed_alert["requested_by"], signed_alert["reason"]) == (WHO, WHY)
     assert f"asked by {WHO}: {WHY}" in signed_alert["text"]

@@ -59,12 +59,44 @@ def test_parses_windows_1251_with_a_decimal_comma_into_exact_prices():
     ]
 
 
-def test_no_records_is_a_day_without_prices_once_the_day_is_over_and_not_available_before():
+def test_no_records_is_an_empty_day_off_and_not_available_yet_on_a_working_day():
     empty = CbrMetalsStandin().document(SATURDAY, SATURDAY)
     assert parse_metal_prices(_request(empty, SATURDAY)).as_frame().empty
-    with pytest.raises(PartitionNotAvailable, match="no prices for 2026-11-07"):
-        parse_metal_prices(_request(empty, SATURDAY,
-                                    fetched_at=datetime(2026, 11, 7, 9, tzinfo=UTC)))
+    # A day off's own empty answer is the day's: no prices are set on it.
+    assert parse_metal_prices(_request(
+        empty, SATURDAY, fetched_at=datetime(2026, 11, 7, 15, tzinfo=UTC))).as_frame().empty
+    # A working day's empty answer on the day itself: not published yet.
+    tuesday = date(2026, 11, 10)
+    standin = CbrMetalsStandin()
+    standin.control("POST", "published_until", {}, {"date": "2026-11-09"})
+    with pytest.raises(PartitionNotAvailable, match="no prices for 2026-11-10"):
+        parse_metal_prices(_request(standin.document(tuesday, tuesday), tuesday,
+                                    fetched_at=datetime(2026, 11, 10, 9, tzinfo=UTC)))
+
+
+@pytest.mark.parametrize("today", [False, True], ids=["a past day", "the day itself"])
+def test_a_renamed_record_element_is_a_change_of_shape_not_an_empty_day(
+        job, instance, warehouse_url, standin, today):
+    """The CBR renames ``<Record>``: every day reads as one without prices. Asked for a past
+    day, the answer would load as an empty final day; asked on the day itself, as "not
+    published yet". Either is a change of shape: the partition fails for good (it waits for an
+    operator), its observation names the change, and nothing is loaded."""
+    standin.control("cbr_metals", "record_element", {"name": "Rec"})
+    day = SOURCE.partitions_def.get_partition_keys()[-1] if today else WEDNESDAY.isoformat()
+    if today and date.fromisoformat(day).weekday() >= 5:
+        pytest.skip("a weekend: the stand-in sets no prices today, renamed or not")
+    if today:
+        standin.control("cbr_metals", "published_until", {"date": day})
+    result = run_partition(job, day, instance)
+    assert not result.success
+    message = step_failure_message(instance, result.run_id)
+    assert "no Record records but Metall/Rec: not an empty period" in message, message
+    assert table_rows(warehouse_url, TABLE) == []
+    assert instance.get_materialized_partitions(AssetKey(TABLE)) == set()
+    [observation] = instance.fetch_observations(AssetKey(TABLE), limit=1).records
+    assert observation.partition_key == day
+    assert "no Record records" in str(
+        observation.asset_observation.metadata["source_shape_change"].value)
 
 
 def test_a_working_day_loads_its_four_metals_and_a_rerun_changes_nothing(
