@@ -329,7 +329,7 @@ def test_the_runbook_as_written_installs_starts_deploys_prunes_and_measures(mach
 
     # The metrics the unit serves count the jobs.
     measured = on.run("curl -sf http://127.0.0.1:$MOSTOVIK_METRICS_PORT/metrics").stdout
-    completed = re.search(r'mostovik_jobs_in_window\{source="cbr_daily_rates",'
+    completed = re.search(r'mostovik_runs_total\{source="cbr_daily_rates",'
                           r'status="completed"\} (\S+)', measured)
     assert completed and float(completed.group(1)) >= 2, measured
 
