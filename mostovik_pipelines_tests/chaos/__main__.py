@@ -2,7 +2,7 @@
 [--cli-share F] [--sync-scenarios N] [--file-scenarios N] [--platform-scenarios N]
 [--platform-kinds LIST] [--calendar-days N] [--calendar-lookback-days N] [--no-calendar-truth]
 [--keep]``
-(``make chaos``; see docs/notes/chaos.md)
+(``make chaos``; see docs/testing.md)
 
 Starts its own PostgreSQL and stand-in and runs every kind of job through the one harness
 (:mod:`.harness`), all from one seed:
