@@ -270,8 +270,8 @@ def test_records_in_a_killed_runs_landed_pages_changed_since_end_at_their_newest
     """kill -9 of a `dagster job execute` run while page 4 of 6 is asked for (pages 1-3 landed,
     none committed); then the source tombstones a record those pages hold, updates a second,
     tombstones and restores a third, stamped after the pages' last item as the ERP's clock
-    would. The re-run takes the landed pages up (asks for the pages after them only) and every record ends
-    at its newest version: its stale copy in the taken-up pages loses by version."""
+    would. The re-run takes the landed pages up (asks for the pages after them only) and every
+    record ends at its newest version: its stale copy in the taken-up pages loses by version."""
     day = "2026-11-07"
     erp.set_erp_volume(day, 600)
     env = {**run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url),
