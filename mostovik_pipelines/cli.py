@@ -1,5 +1,6 @@
 """The operator's command line: ``mostovik db ...``, ``mostovik materialize``,
-``mostovik prune``, ``mostovik standin``, ``mostovik demo``, and ``mostovik jobs ...``
+``mostovik prune``, ``mostovik stores check``, ``mostovik standin``, ``mostovik demo``, and
+``mostovik jobs ...``
 (:mod:`mostovik_pipelines.operator`). Exit codes: :mod:`mostovik_pipelines.operator.console`.
 """
 
@@ -195,6 +196,33 @@ def prune(dry_run: bool) -> None:
         _fail(EXIT_USAGE, str(refused))
     for line in report.lines():
         click.echo(line)
+
+
+@main.group()
+def stores() -> None:
+    """The stores the deployment writes: landing, op outputs, inbox and archive."""
+
+
+@stores.command("check")
+@click.option("--create", is_flag=True, help="Create a missing directory or bucket first.")
+def stores_check(create: bool) -> None:
+    """Write, read back and remove a probe in every store, with this environment's settings
+    (deploy/README.md, "Install"); exit 1 naming the setting of a store that fails."""
+    from mostovik_pipelines.operator.stores import check_store, configured_stores
+
+    failed = 0
+    for store in configured_stores():
+        try:
+            created = check_store(store, create)
+        except Exception as error:  # any failure of a store is reported, by its setting
+            failed += 1
+            click.echo(f"{store.name:<30} {store.location}  FAILED ({store.setting}): "
+                       f"{type(error).__name__}: {error}")
+            continue
+        click.echo(f"{store.name:<30} {store.location}  ok" + (f" ({created})" if created
+                                                               else ""))
+    if failed:
+        sys.exit(EXIT_JOB_FAILED)
 
 
 main.add_command(jobs)

@@ -27,8 +27,9 @@ from mostovik_pipelines_tests.support.inbox import (
     exact,
     expected_table,
     renumbered,
-    sensor_ticks,
     sorted_rows,
+    wait_for_tick_asking_after,
+    wait_for_ticks_after,
 )
 from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
@@ -63,42 +64,11 @@ def _runs_of(services: DagsterServices, version: str) -> list[RunInfo]:
     return services.graphql.runs({"tags": [{"key": "dagster/partition", "value": version}]})
 
 
-def _wait_for_ticks_after(services: DagsterServices, since_epoch: float, count: int,
-                          timeout: float) -> list:
-    """The first ``count`` finished ticks that started after ``since_epoch``, oldest first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ticks = [t for t in sensor_ticks(services.graphql)
-                 if t.timestamp > since_epoch and t.status != "STARTED"]
-        if len(ticks) >= count:
-            return sorted(ticks, key=lambda t: t.timestamp)[:count]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{len(ticks)} of {count} ticks after the drop in {timeout} s: "
-                                 f"{sensor_ticks(services.graphql, limit=5)}")
-        time.sleep(1)
-
-
-def _wait_for_tick_asking_after(services: DagsterServices, since_epoch: float, timeout: float):
-    """The first tick that requested runs and ended after ``since_epoch`` (a tick that began
-    before it may have listed the inbox after it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        asking = [t for t in sensor_ticks(services.graphql)
-                  if t.status != "STARTED" and (t.end_timestamp or 0) > since_epoch
-                  and t.run_keys]
-        if asking:
-            return min(asking, key=lambda t: t.timestamp)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no tick asked for a run in {timeout} s: "
-                                 f"{sensor_ticks(services.graphql, limit=5)}")
-        time.sleep(1)
-
-
 def _drop_and_wait_for_its_run(services: DagsterServices, inbox: Path, content: bytes):
     dropped_at = time.time()
     version = drop(inbox, FILE_NAME, content)
     # The sensor's first tick that listed the inbox after the drop launched the version's run.
-    tick = _wait_for_tick_asking_after(services, dropped_at, timeout=TICKS_LIMIT_SECONDS)
+    tick = wait_for_tick_asking_after(services, dropped_at, timeout=TICKS_LIMIT_SECONDS)
     [run] = _runs_of(services, version)
     assert tick.run_ids == [run.run_id], (tick, run)
     assert tick.run_keys == [hashlib.sha256(content).hexdigest()], tick
@@ -131,7 +101,7 @@ def test_the_daemon_runs_each_new_file_version_once(services: DagsterServices):
     redropped_at = time.time()
     drop(inbox, FILE_NAME, content)
     # The first tick that asked for something (one that listed the inbox mid-drop saw nothing).
-    seen = _wait_for_tick_asking_after(services, redropped_at, timeout=TICKS_LIMIT_SECONDS)
+    seen = wait_for_tick_asking_after(services, redropped_at, timeout=TICKS_LIMIT_SECONDS)
     print(f"the tick after the same bytes were dropped again: {seen}")
     # The sensor did ask, with the version's run key; the daemon launched nothing for it.
     assert seen.run_keys == [run.tags["dagster/run_key"]], seen
@@ -148,5 +118,5 @@ def test_the_daemon_runs_each_new_file_version_once(services: DagsterServices):
         expected_table(corrected, FILE_NAME, second)))
     assert not (inbox / FILE_NAME).exists()
     # Two ticks and more have passed since the same bytes came again: still one run of them.
-    ticks = _wait_for_ticks_after(services, redropped_at, 2, timeout=TICKS_LIMIT_SECONDS)
+    ticks = wait_for_ticks_after(services, redropped_at, 2, timeout=TICKS_LIMIT_SECONDS)
     assert [r.run_id for r in _runs_of(services, first)] == [run.run_id], ticks

@@ -89,6 +89,10 @@ TRANSIENT_BROKER_ERRORS = {
 UNREACHABLE_OBJECT_STORE_ERRORS = {
     ("botocore.exceptions", "ConnectionError"),  # refused, DNS, connect timeout
     ("botocore.exceptions", "HTTPClientError"),  # connection closed, read timeout
+    # s3fs reads an answer's body itself, past botocore: a body cut half way, a connection the
+    # store dropped mid-read, surface as aiohttp's own errors.
+    ("aiohttp.client_exceptions", "ClientPayloadError"),
+    ("aiohttp.client_exceptions", "ClientConnectionError"),
 }
 OBJECT_STORE_BUSY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"}
 """S3 error codes of a store that answers but cannot serve now (s3fs raises them as ``OSError``

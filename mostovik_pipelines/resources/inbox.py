@@ -1,11 +1,14 @@
-"""A folder that people drop files into (an inbox), and the archive files move to once loaded.
+"""A folder that people drop files into (an inbox), and the archive files move to once loaded:
+a directory, or a prefix of an S3-compatible object store (``s3://bucket/prefix``, the archive
+likewise: :mod:`.inbox_objects`).
 
 Only regular files directly inside the inbox are seen: no symlink (in or out), no folder, no
 hidden or partial upload (``.name``, ``~$name``, ``*.part``, ``*.tmp``), no name that is not a
 plain file name. A file version is its name plus the first characters of its content's sha256,
-``<name>@<hash>``, so a corrected upload under the same name is a new version. Files are never
-deleted: a loaded one moves to the archive as ``<name>@<hash>`` with a note of its outcome, a
-failed one stays in the inbox for an operator to see.
+``<name>@<hash>`` (on object storage, of the object's ETag and size, which the listing gives),
+so a corrected upload under the same name is a new version. Files are never deleted: a loaded
+one moves to the archive as ``<name>@<hash>`` with a note of its outcome, a failed one stays in
+the inbox for an operator to see.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from pathlib import Path
 
 from dagster import ConfigurableResource
 
-from mostovik_pipelines.framework.errors import DataValidationError, PermanentError
+from mostovik_pipelines.framework.errors import (
+    ConfigurationError,
+    DataValidationError,
+    PermanentError,
+)
+from mostovik_pipelines.resources.inbox_objects import ObjectStoreInbox, version_hash
+from mostovik_pipelines.resources.stores import is_object_store
 
 VERSION_SEPARATOR = "@"
 HASH_CHARACTERS = 12
@@ -37,6 +46,8 @@ class InboxFile:
     name: str
     size: int
     modified_ns: int
+    etag: str = ""
+    """The object's ETag, on object storage."""
 
 
 def version_key(name: str, content_hash: str) -> str:
@@ -57,7 +68,13 @@ class InboxResource(ConfigurableResource):
     max_file_bytes: int = 50 * 1024 * 1024
 
     def files(self) -> Iterator[InboxFile]:
-        """The files an inbox scan considers, cheaply (one directory read, no file opened)."""
+        """The files an inbox scan considers, cheaply (one directory read or one listing, no
+        file opened)."""
+        if self._objects() is not None:
+            for name, size, modified_ns, etag in self._objects().listing():
+                if _plain_name(name):
+                    yield InboxFile(name, size, modified_ns, etag)
+            return
         os.makedirs(self.inbox_dir, exist_ok=True)
         with os.scandir(self.inbox_dir) as entries:
             for entry in entries:
@@ -66,6 +83,13 @@ class InboxResource(ConfigurableResource):
                 info = entry.stat(follow_symlinks=False)
                 if stat.S_ISREG(info.st_mode):
                     yield InboxFile(entry.name, info.st_size, info.st_mtime_ns)
+
+    def version_hash(self, file: InboxFile) -> str:
+        """What the version key of ``file`` is made of: its content's sha256 (the file read), or
+        on object storage a hash of the ETag and size the listing gave (nothing read)."""
+        if self._objects() is not None:
+            return version_hash(file.etag, file.size)
+        return self.content_hash(file.name)
 
     def content_hash(self, name: str) -> str:
         """The sha256 of an inbox file, read in chunks."""
@@ -79,6 +103,14 @@ class InboxResource(ConfigurableResource):
         """The bytes of a file version and when that version appeared, from the inbox or, once
         archived, from the archive; refused when over the size limit or no longer anywhere."""
         name = _checked_version(version)
+        if self._objects() is not None:
+            found = self._objects().read_version(name, version, self.max_file_bytes,
+                                                 version_key)
+            if found is None:
+                raise PermanentError(
+                    f"file version {version!r} is neither in the inbox (replaced by a newer "
+                    "upload, or removed) nor in the archive")
+            return found
         for path in (Path(self.inbox_dir) / name, Path(self.archive_dir) / version):
             try:
                 info = path.lstat()
@@ -103,6 +135,10 @@ class InboxResource(ConfigurableResource):
         the same name meanwhile is never archived in its place: it goes back to the inbox (or,
         if yet another upload took the name, to the archive under its own version)."""
         name = _checked_version(version)
+        if self._objects() is not None:
+            self._objects().archive(name, version, _note(name, version, outcome, run_id),
+                                    version_key)
+            return
         archive = Path(self.archive_dir)
         archive.mkdir(parents=True, exist_ok=True)
         aside = archive / f".archiving-{uuid.uuid4().hex}"
@@ -121,16 +157,32 @@ class InboxResource(ConfigurableResource):
                 except FileExistsError:
                     os.replace(aside, archive / moved)
         if (archive / version).exists():
-            note = {"file": name, "version": version, "outcome": outcome, "run_id": run_id,
-                    "archived_at": datetime.now(UTC).isoformat()}
-            (archive / f"{version}.outcome.json").write_text(
-                json.dumps(note, ensure_ascii=False, indent=1))
+            (archive / f"{version}.outcome.json").write_text(json.dumps(
+                _note(name, version, outcome, run_id), ensure_ascii=False, indent=1))
+
+    def _objects(self) -> ObjectStoreInbox | None:
+        """The inbox and archive on object storage, or None for directories."""
+        on_store = is_object_store(self.inbox_dir), is_object_store(self.archive_dir)
+        if not any(on_store):
+            return None
+        if not all(on_store):
+            raise ConfigurationError(
+                "the inbox and its archive must both be directories or both s3:// prefixes "
+                f"(MOSTOVIK_INBOX_DIR={self.inbox_dir!r}, MOSTOVIK_ARCHIVE_DIR="
+                f"{self.archive_dir!r})")
+        return ObjectStoreInbox(self.inbox_dir, self.archive_dir)
 
     def _open(self, name: str):
         if not _plain_name(name):
             raise PermanentError(f"{name!r} is not a plain file name")
         fd = os.open(Path(self.inbox_dir) / name, os.O_RDONLY | os.O_NOFOLLOW)
         return os.fdopen(fd, "rb")
+
+
+def _note(name: str, version: str, outcome: str, run_id: str) -> dict:
+    """The archived version's note of its outcome."""
+    return {"file": name, "version": version, "outcome": outcome, "run_id": run_id,
+            "archived_at": datetime.now(UTC).isoformat()}
 
 
 def _checked_version(version: str) -> str:

@@ -1,7 +1,8 @@
 """``python -m mostovik_pipelines_tests.chaos [--seed N] [--suites LIST] [--scenarios N]
 [--cli-share F] [--sync-scenarios N] [--file-scenarios N] [--platform-scenarios N]
-[--calendar-days N] [--calendar-lookback-days N] [--no-calendar-truth] [--keep]``
-(``make chaos``; see docs/notes/chaos.md)
+[--platform-kinds LIST] [--calendar-days N] [--calendar-lookback-days N] [--no-calendar-truth]
+[--keep]``
+(``make chaos``; see docs/testing.md)
 
 Starts its own PostgreSQL and stand-in and runs every kind of job through the one harness
 (:mod:`.harness`), all from one seed:
@@ -57,8 +58,11 @@ def parse(argv: list[str] | None):
     parser.add_argument("--sync-scenarios", type=int, default=30)
     parser.add_argument("--file-scenarios", type=int, default=30)
     parser.add_argument("--platform-scenarios", type=int, default=20,
-                        help="scenarios of warehouse, run-storage, broker, daemon and full-disk "
-                             "faults under the production deployment")
+                        help="scenarios of faults of the parts we stand on under the "
+                             "production layout, the kinds in turn")
+    parser.add_argument("--platform-kinds", type=lambda text: tuple(text.split(",")),
+                        default=None,
+                        help="only these platform kinds (comma-separated), in a seeded order")
     parser.add_argument("--calendar-days", type=int, default=7,
                         help="simulated days of the calendar suite")
     parser.add_argument("--calendar-lookback-days", type=int, default=7,
@@ -82,7 +86,9 @@ def replay_command(args, seed: int) -> str:
             f"--cli-share {args.cli_share} --sync-scenarios {args.sync_scenarios} "
             f"--file-scenarios {args.file_scenarios} "
             f"--platform-scenarios {args.platform_scenarios} "
-            f"--calendar-days {args.calendar_days} "
+            + (f"--platform-kinds {','.join(args.platform_kinds)} " if args.platform_kinds
+               else "")
+            + f"--calendar-days {args.calendar_days} "
             f"--calendar-lookback-days {args.calendar_lookback_days}"
             + (" --no-calendar-truth" if args.no_calendar_truth else ""))
 
@@ -118,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                                         log=log, tally=tally)
             elif name == "platform":
                 totals = run_platform_chaos(postgres, standin_server, seed,
-                                            args.platform_scenarios, log=log, tally=tally)
+                                            args.platform_scenarios, log=log, tally=tally,
+                                            kinds=args.platform_kinds)
             else:
                 totals = run_calendar_chaos(postgres, standin_server, seed, args.calendar_days,
                                             lookback_days=args.calendar_lookback_days,

@@ -86,6 +86,8 @@ class CalendarTotals:
     failures: list[str] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=dict)
     looks: int = 0
+    disagreements: int = 0
+    """What the operator was told that the truth contradicted, summed over the looks."""
 
 
 class CalendarSuite:
@@ -237,6 +239,7 @@ class CalendarSuite:
             return
         look = self.observer.look(f"{step.due:%a %d %H:%M} {step.source} {moment}".strip())
         self.totals.looks += 1
+        self.totals.disagreements += len(look.disagreements)
         for disagreement in look.disagreements:
             self._fail(f"told: {disagreement}")
 
@@ -413,7 +416,9 @@ def run_calendar_chaos(postgres: ThrowawayPostgres, standin_server: StandinServe
         tally.record("calendar", calendar_faults(suite),
                      unsettled=len(totals.failures) - stuck, stuck=stuck)
     log(f"calendar: seed {seed}, {days} day(s) + 1 settling, {totals.steps} ticks, "
-        f"{totals.looks} looks at what the operator is told, runs {totals.runs}, checked "
+        f"{totals.looks} looks at what the operator is told"
+        + (f" ({totals.disagreements} disagreements)" if truth else "")
+        + f", runs {totals.runs}, checked "
         f"{totals.checked}, {len(totals.failures)} failure(s), "
         f"{time.monotonic() - started:.0f} s; replay: python -m "
         f"mostovik_pipelines_tests.chaos.calendar_scenarios --seed {seed} --days {days} "

@@ -1,9 +1,10 @@
 """Faults of the parts we stand on, at random, under the production deployment (ADR-011's
 infrastructure faults).
 
-The deployment is the runbook's, on this machine: deploy/dagster.yaml on a PostgreSQL server of
-its own (run storage), the warehouse, a persistent password-protected Redis as Celery broker and
-result backend, two Celery workers, the webserver and the daemon. A scenario launches partitions
+The deployment is the runbook's production layout, on this machine (:mod:`.platform_deployment`):
+one code server, the webserver and the daemon over deploy/workspace.yaml on an orchestrating
+host, two Celery worker hosts, deploy/dagster.yaml on a PostgreSQL server of its own, a
+persistent password-protected Redis, the stores in S3 API buckets. A scenario launches partitions
 of the CBR source as an operator does in the UI (a backfill, which is one ranged run, or a run
 per partition through the run queue), after a random change of some of their rates, and while
 its runs are queued or running brings one part down for a random outage:
@@ -17,11 +18,11 @@ its runs are queued or running brings one part down for a random outage:
 * ``daemon``: dagster-daemon is killed (SIGKILL), then started again. A run it was launching
   as it died can stay "starting" with no process: Dagster's run monitoring fails it after
   ``start_timeout_seconds`` (deploy/dagster.yaml, 300 s), and its one retry must succeed;
-* ``host``: the daemon killed with its code servers and run workers, as a lost host, while a
-  step is held on a worker (:mod:`.platform_host`); the dead run must be marked failed while
+* ``host``: the orchestrating host lost (the daemon, the code server and its run workers) while
+  a step is held on a worker (:mod:`.platform_host`); the dead run must be marked failed while
   that step goes on, and its one retry succeed;
-* ``disk_full``: the landing store's disk is full from before the launch until a run's first
-  write to it has failed, then freed (only as root, which can mount a small disk);
+* ``code_server``, ``deploy``, ``worker_host``, ``object_store``, ``object_store_past_budget``:
+  the production layout's own parts (:mod:`.platform_layout`);
 * ``run_storage_past_budget``: the run storage away longer than a run rides out, under a run's
   step let go from its fetch (:mod:`.platform_budget`, ``make chaos`` only): the run gives up
   naming the setting, is marked dead once the database is back, and its one retry succeeds;
@@ -50,8 +51,9 @@ from pathlib import Path
 
 import httpx
 import yaml
-from dagster import DagsterEventType, RunsFilter
+from dagster import DagsterEventType
 
+from mostovik_pipelines.framework.outages import Store, setting_of
 from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
 from mostovik_pipelines_tests.chaos.platform_budget import (
@@ -64,6 +66,18 @@ from mostovik_pipelines_tests.chaos.platform_budget import (
 from mostovik_pipelines_tests.chaos.platform_claims import CLAIM_KINDS, SCENARIO_TAG, claim_scenario
 from mostovik_pipelines_tests.chaos.platform_deployment import PlatformEnvironment
 from mostovik_pipelines_tests.chaos.platform_host import HOST, hold_fetch, lose_host
+from mostovik_pipelines_tests.chaos.platform_layout import (
+    CODE_SERVER,
+    DEPLOY,
+    FAULT_LENGTHS,
+    HELD_KINDS,
+    LAYOUT_KINDS,
+    LONG_LAYOUT_KINDS,
+    OBJECT_STORE,
+    STORE_PAST_BUDGET,
+    layout_fault,
+    store_outage_manner,
+)
 from mostovik_pipelines_tests.chaos.platform_totals import (
     PlatformTotals,
     platform_faults,
@@ -78,10 +92,6 @@ from mostovik_pipelines_tests.chaos.scenarios import (
     random_rate,
 )
 from mostovik_pipelines_tests.chaos.tally import Tally, tallied
-from mostovik_pipelines_tests.support.disk import (
-    fill,
-    free,
-)
 from mostovik_pipelines_tests.support.graphql import (
     BACKFILL_LIMIT_SECONDS,
     TERMINAL_BACKFILL_STATUSES,
@@ -93,11 +103,14 @@ from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS
 from mostovik_pipelines_tests.support.webserver import SUPERVISOR_RESTART_SECONDS
 
-KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, "disk_full", *CLAIM_KINDS,
-         PAST_BUDGET)
-LONG_KINDS = (PAST_BUDGET,)
-"""Kinds whose fault outlasts the outage budget (over a minute and a half): ``make chaos``'s,
-not ``make test``'s fixed-seed run."""
+KINDS = ("warehouse", "run_storage", "broker", "daemon", HOST, *CLAIM_KINDS,
+         PAST_BUDGET, *LAYOUT_KINDS)
+LONG_KINDS = (PAST_BUDGET, *LONG_LAYOUT_KINDS)
+"""Kinds whose fault outlasts the outage budget (over a minute and a half) or takes minutes to
+judge: ``make chaos``'s, not ``make test``'s fixed-seed run."""
+MAY_DIE = (HOST, "daemon", PAST_BUDGET, *HELD_KINDS)
+"""Kinds after which a run may be dead (or failed past a budget), ridden out by its one
+retry."""
 ASSET = "cbr_daily_rates"
 REPO = Path(__file__).resolve().parents[2]
 UNFINISHED = ["QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"]
@@ -109,7 +122,7 @@ setting): after a lost daemon the judge waits this much longer, for such a run a
 BOUND_SECONDS = 60.0
 """The outage the deployment promises to ride out: each store's first outage lasts this long
 when the range reaches it (later ones are drawn from the range)."""
-BOUNDED_KINDS = ("warehouse", "run_storage", "broker")
+BOUNDED_KINDS = ("warehouse", "run_storage", "broker", OBJECT_STORE)
 OUTAGE_SECONDS = (3.0, BOUND_SECONDS)
 CELERY_GIVES_UP_SECONDS = 25.0
 """Past this, a step submitted while Redis is away meets Celery's result consumer giving up its
@@ -120,12 +133,13 @@ the outage)."""
 class PlatformSuite:
     def __init__(self, platform: PlatformEnvironment, seed: int,
                  outage_seconds: tuple[float, float] = OUTAGE_SECONDS, log=print,
-                 long_faults: bool = True) -> None:
+                 long_faults: bool = True, kinds: tuple[str, ...] | None = None) -> None:
         self.platform = platform
+        unknown = set(kinds or ()) - set(KINDS)
+        assert not unknown, f"no such platform kinds: {sorted(unknown)}; the kinds: {KINDS}"
         self.kinds = tuple(
-            kind for kind in KINDS if (kind != "disk_full" or platform.disk is not None)
-            and (kind != "claim_cut" or os.geteuid() == 0)  # ss -K needs root
-            and (long_faults or kind not in LONG_KINDS))
+            kind for kind in KINDS if (kind != "claim_cut" or os.geteuid() == 0)  # ss -K needs root
+            and (long_faults or kind not in LONG_KINDS) and (kinds is None or kind in kinds))
         self.chaos = platform.chaos
         self.seed = seed
         self.outage_seconds = outage_seconds
@@ -151,19 +165,22 @@ class PlatformSuite:
             return claim_scenario(self, number, kind)
         rng = random.Random(f"{self.seed}:platform:{number}")
         started = time.monotonic()
-        backfill = rng.random() < 0.5
+        backfill = kind == DEPLOY or (kind not in (STORE_PAST_BUDGET, CODE_SERVER)
+                                      and rng.random() < 0.5)
         if backfill:
             first = rng.randrange(len(self.pool) - 1)
             days = sorted(self.pool[first:first + rng.randint(1, 2)])
             partitions = date_range(days[0], days[-1])
         else:
-            days = partitions = tuple(sorted(rng.sample(self.pool, rng.randint(1, 3))))
+            days = partitions = tuple(sorted(rng.sample(
+                self.pool, rng.randint(2 if kind == CODE_SERVER else 1, 3))))
         for day in rng.sample(days, rng.randint(0, len(days))):
             self.chaos.standin.change_cbr_rates(day, set_values={
                 code: random_rate(rng) for code in rng.sample(CODES, rng.randint(1, 3))})
         outage = rng.uniform(*self.outage_seconds)
-        point = ("before" if kind == "disk_full" else "fetching" if kind in (HOST, PAST_BUDGET)
-                 else rng.choice(("queued", "running")))
+        held_kind = kind in (HOST, PAST_BUDGET, *HELD_KINDS)
+        point = ("fetching" if held_kind
+                 else "running" if kind == DEPLOY else rng.choice(("queued", "running")))
         if kind == PAST_BUDGET:
             outage = past_budget_outage_seconds()
         if (kind == "broker" and not self.totals.faults[kind]
@@ -173,20 +190,23 @@ class PlatformSuite:
         if (kind in BOUNDED_KINDS and not self.totals.faults[kind]
                 and self.outage_seconds[1] >= BOUND_SECONDS):
             outage = BOUND_SECONDS  # the promise, to the letter, once per store
-        length = "until-written" if kind == "disk_full" else f"{outage:.0f}s"
-        notes = [kind, f"{length}@{point}", "backfill" if backfill else "runs",
+        if kind == OBJECT_STORE and not self.totals.faults[kind]:
+            outage = BOUND_SECONDS  # make test's short range too: its one 60 s of the store
+        manner = store_outage_manner(self, number) if kind == OBJECT_STORE else ""
+        length = FAULT_LENGTHS.get(kind) or f"{outage:.0f}s"
+        notes = [kind + (f"({manner})" if manner else ""), f"{length}@{point}",
+                 "backfill" if backfill else "runs",
                  f"{partitions[0]}..{partitions[-1]}({len(partitions)})"]
 
         tag = {SCENARIO_TAG: f"{self.seed}:{number}"}
-        if kind == "disk_full":
-            fill(self.platform.disk)
-        held = hold_fetch(self, partitions) if kind in (HOST, PAST_BUDGET) else None
+        held = hold_fetch(self, partitions) if held_kind else None
         dead_before, logs_before = self.totals.dead_runs_retried, log_sizes(self)
         if backfill:
             self.backfills.append(self.graphql.launch_partition_backfill([ASSET], partitions,
                                                                          tags=tag))
         else:
-            for partition in partitions:
+            # The code server's kill: the later runs are queued as it dies (layout_fault).
+            for partition in partitions[:1] if kind == CODE_SERVER else partitions:
                 self.graphql.launch_job_run(JOB, partition, tags=tag)
         self.totals.launches["backfill" if backfill else "runs"] += 1
         if point == "running":
@@ -194,16 +214,17 @@ class PlatformSuite:
             time.sleep(rng.uniform(0, 3))
         problems = (lose_host(self, outage, tag, held) if kind == HOST
                     else storage_away_past_budget(self, tag, held) if kind == PAST_BUDGET
-                    else self._inject(kind, outage, tag))
+                    else layout_fault(self, kind, outage, tag, held, manner, partitions[1:])
+                    if kind in LAYOUT_KINDS else self._inject(kind, outage, tag))
         self.totals.faults[kind] += 1
         self.totals.points[point] += 1
-        if kind != "disk_full":
+        if kind not in FAULT_LENGTHS:
             self.totals.longest_outage[kind] = max(outage,
                                                    self.totals.longest_outage.get(kind, 0))
 
         problems += self._judge(tag, partitions, expected_runs=None if backfill else len(days),
                                 backfill_id=self.backfills[-1] if backfill else None,
-                                runs_may_die=kind in (HOST, "daemon", PAST_BUDGET))
+                                runs_may_die=kind in MAY_DIE)
         if kind == PAST_BUDGET:
             problems += gave_up_problems(self, dead_before, logs_before)
         self.totals.scenarios += 1
@@ -219,13 +240,6 @@ class PlatformSuite:
 
     def _inject(self, kind: str, outage: float, tag: dict[str, str]) -> list[str]:
         platform = self.platform
-        if kind == "disk_full":
-            # Full until a write met it (an extract retried), then freed at once.
-            self.totals.disk_full_hits += bool(self._wait_for(
-                lambda: self._retried(tag) or self._finished(tag),
-                what="a write to the full disk") and self._retried(tag))
-            free(platform.disk)
-            return []
         down, up = {
             "warehouse": (self.chaos.postgres.pause, self.chaos.postgres.resume),
             "run_storage": (platform.run_storage.pause, platform.run_storage.resume),
@@ -268,8 +282,11 @@ class PlatformSuite:
         for run in runs:
             if (runs_may_die and run.status == "FAILURE" and retries[run.run_id] == 1
                     and run.run_id in succeeded):
-                if "to start" in str(self._quietly(self.graphql.run_errors, run.run_id)):
+                errors = str(self._quietly(self.graphql.run_errors, run.run_id))
+                if "to start" in errors:
                     self.totals.stuck_launches_retried += 1
+                elif setting_of(Store.OBJECT_STORE) in errors:
+                    self.totals.past_store_budget_retried += 1
                 else:
                     self.totals.dead_runs_retried += 1
             elif run.status != "SUCCESS":
@@ -317,7 +334,7 @@ class PlatformSuite:
         daemon that exited meanwhile is started again, as its supervisor does."""
         deadline = time.monotonic() + limit
         while True:
-            for name in self.platform.services.revive(SUPERVISOR_RESTART_SECONDS):
+            for name in self.platform.revive(SUPERVISOR_RESTART_SECONDS):
                 self.totals.revived[name] += 1
                 self.log(f"    {name} had exited: started again")
             result = self._quietly(check)
@@ -340,10 +357,6 @@ class PlatformSuite:
         runs = self.graphql.runs({"tags": [{"key": k, "value": v} for k, v in tag.items()]})
         return [run for run in runs if run.status == "STARTED"] if started else runs
 
-    def _finished(self, tag: dict[str, str]) -> bool:
-        runs = self.runs_tagged(tag)
-        return bool(runs) and all(run.status in TERMINAL_RUN_STATUSES for run in runs)
-
     def _all_finished(self, tag: dict[str, str], partitions: tuple[str, ...],
                       expected_runs: int | None) -> list[RunInfo] | None:
         """The scenario's runs once all are finished and, but for a failed one, cover its
@@ -363,12 +376,6 @@ class PlatformSuite:
         info = self.graphql.backfill_status(backfill_id)
         if info.status in TERMINAL_BACKFILL_STATUSES and info.status != "COMPLETED_SUCCESS":
             raise AssertionError(f"backfill {backfill_id} {info.status}: {info.error}"[:3000])
-
-    def _retried(self, tag: dict[str, str]) -> bool:
-        with self.platform.instance() as instance:
-            return any(instance.get_records_for_run(
-                run.run_id, of_type=DagsterEventType.STEP_UP_FOR_RETRY).records
-                for run in instance.get_runs(RunsFilter(tags=tag)))
 
     def _materialisations(self, runs: list[RunInfo]) -> dict[str, Counter]:
         """Per run, how many times it materialised each partition."""
@@ -401,20 +408,20 @@ def _partitions_of(run: RunInfo) -> tuple[str, ...]:
 def run_platform_chaos(postgres: ThrowawayPostgres | None, standin_server, seed: int,
                        scenarios: int, outage_seconds: tuple[float, float] = OUTAGE_SECONDS,
                        template: str | None = None, log=print,
-                       tally: Tally | None = None, long_faults: bool = True) -> PlatformTotals:
+                       tally: Tally | None = None, long_faults: bool = True,
+                       kinds: tuple[str, ...] | None = None) -> PlatformTotals:
     """Start the deployment, run ``scenarios`` scenarios, print the summary (and, per scenario
-    and fault, ``tally`` them); without ``long_faults``, none of :data:`LONG_KINDS`."""
+    and fault, ``tally`` them); without ``long_faults``, none of :data:`LONG_KINDS`; with
+    ``kinds``, only those."""
     started = time.monotonic()
     chaos = ChaosEnvironment(postgres=postgres, standin_server=standin_server, template=template)
     try:
         platform = PlatformEnvironment(chaos)
         try:
             log(f"platform chaos: seed {seed}, {scenarios} scenarios; deployment up in "
-                f"{time.monotonic() - started:.0f} s"
-                + (f" (no full-disk faults: {platform.disk_refused})"
-                   if platform.disk_refused else ""))
+                f"{time.monotonic() - started:.0f} s")
             suite = PlatformSuite(platform, seed, outage_seconds, log=log,
-                                  long_faults=long_faults)
+                                  long_faults=long_faults, kinds=kinds)
             if tally is not None:
                 tallied(suite, "platform", tally, platform_faults, platform_findings)
             totals = suite.run(scenarios)

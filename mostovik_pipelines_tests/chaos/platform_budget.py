@@ -4,7 +4,8 @@ while a daemon-launched run's step is held in its fetch on a Celery worker, the 
 (``MOSTOVIK_DAGSTER_PG_OUTAGE_SECONDS``, 90 s by default); then it comes back.
 
 What the deployment promises past the budget: the run gives up cleanly, naming the setting
-(in the output of its run worker or its step, which the daemon's and the workers' logs hold),
+(in the output of its run worker or its step, which the code server's and the workers' logs
+hold),
 writes nothing half-way, and is not left "started": it could not record its own failure, so
 the dead-run sensor marks it failed once the database is back and the daemon's run retries take
 it up once, to exact data. Judged by the suite's judge as a dead run retried once
@@ -83,8 +84,8 @@ def gave_up_problems(suite, dead_runs_before: int, logs_before: dict[Path, int])
 
 
 def _logs(suite) -> list[Path]:
-    services = suite.platform.services
-    return [services.daemon_log, *(worker.log_path for worker in suite.platform.workers)]
+    """The daemon's, the code server's (its run workers' output) and the workers' logs."""
+    return suite.platform.log_paths()
 
 
 def _tail(path: Path, offset: int) -> str:

@@ -1,7 +1,6 @@
-"""The platform suite's lost host: the daemon killed with its whole group (its code servers and
-the run workers they started, SIGKILL) while a run's step goes on on a Celery worker, held in
-its fetch at the stand-in, as a machine that dies under the daemon does; started again after the
-outage.
+"""The platform suite's lost host: the orchestrating host of the production layout dies (the
+daemon and the code server with the run workers it started, SIGKILL) while a run's step goes on
+on a Celery worker, held in its fetch at the stand-in; both started again after the outage.
 
 Nothing of the dead run's process is left to report it, and its step on the worker still holds
 the run's claim: the dead-run sensor must tell the run dead from its driver claim and mark it
@@ -43,7 +42,9 @@ def lose_host(suite, outage: float, tag: dict[str, str], match: str) -> list[str
     try:
         wait_for_hanging_request(standin, match)
         services.kill_daemon(with_its_group=True)
+        suite.platform.layout.kill_code_server()
         time.sleep(outage)  # the host away: the fault's own length
+        suite.platform.layout.start_code_server()
         services.start_daemon()
         try:
             wait_until(lambda: any(run.status == "FAILURE" for run in suite.runs_tagged(tag)),

@@ -16,7 +16,7 @@ class PlatformTotals:
     longest_outage: dict[str, float] = field(default_factory=dict)
     points: Counter = field(default_factory=Counter)
     """Where the faults began: ``queued`` (right after the launch), ``running`` (a run had
-    started), ``before`` (a full disk, before the launch)."""
+    started), ``fetching`` (a step held in its fetch)."""
     launches: Counter = field(default_factory=Counter)
     runs: int = 0
     failed_runs: int = 0
@@ -26,13 +26,18 @@ class PlatformTotals:
     taken up by their one retry, which succeeded."""
     stuck_launches_retried: int = 0
     """Runs the daemon was launching as it died, failed by run monitoring's start timeout."""
+    store_outages_met: int = 0
+    """Object store outages a run met (a request in the fault, or a wait on the store)."""
+    past_store_budget_retried: int = 0
+    """Runs that gave up on the object store away past the budget, naming the setting, and
+    whose one re-execution succeeded."""
+    store_gave_up_seconds: list[float] = field(default_factory=list)
+    """How far into the object store's outage past the budget its run gave up."""
     not_once: int = 0
     """Partitions materialised other than once by their scenario's runs."""
     left_unfinished: int = 0
     revived: Counter = field(default_factory=Counter)
     """The webserver or the daemon found exited and started again, as systemd does."""
-    disk_full_hits: int = 0
-    """Full-disk faults a run's write met (a retried extract)."""
     partitions: int = 0
     differences: int = 0
     duplicates: int = 0
@@ -62,13 +67,17 @@ def platform_summary(totals: PlatformTotals, seed: int, seconds: float) -> str:
         f"{totals.partitions} partitions",
         f"  faults per kind:      {outages}",
         f"  where they began:     {_counts(totals.points)}",
-        f"  full disks met by a write (an extract retried): {totals.disk_full_hits}",
+        f"  object store outages met by a run: {totals.store_outages_met} of "
+        f"{totals.faults['object_store']}",
         f"  webserver or daemon exited, started again by the supervisor: "
         f"{sum(totals.revived.values())} ({_counts(totals.revived)})",
         f"  runs:                 {totals.runs}, of which failed: {totals.failed_runs}; "
         f"retried once to success after a lost daemon or host or the run storage away past "
         f"the budget: {totals.dead_runs_retried} "
-        f"dead, {totals.stuck_launches_retried} never started",
+        f"dead, {totals.stuck_launches_retried} never started; failed past the object "
+        f"store's budget and re-executed once to success: {totals.past_store_budget_retried}"
+        + (f" (gave up {', '.join(f'{s:.0f}' for s in totals.store_gave_up_seconds)} s into "
+           "the outage)" if totals.store_gave_up_seconds else ""),
         f"  partitions not materialised exactly once: {totals.not_once}",
         f"  runs left unfinished: {totals.left_unfinished}",
         f"  differences found:    {totals.differences}",

@@ -6,7 +6,9 @@ tests: ``dagster code-server start`` on 127.0.0.1, in a session of its own, serv
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -62,6 +64,18 @@ class CodeServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL to its whole session: the server, its server process and the run workers it
+        started."""
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait(timeout=30)
+
+    def exited(self) -> bool:
+        """Whether it was started and has ended since."""
+        return self._process is not None and self._process.poll() is not None
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM to its session, SIGKILL to whatever is left after ``grace`` seconds."""

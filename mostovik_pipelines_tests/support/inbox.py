@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import time
 from collections.abc import Sequence
 from datetime import date
 from decimal import Decimal
@@ -183,3 +184,34 @@ def sensor_ticks(graphql, sensor_name: str = SENSOR, limit: int = 20) -> list[Ti
     return [Tick(t["status"], t["timestamp"], t["endTimestamp"], t["runIds"], t["runKeys"],
                  t["skipReason"], (t["error"] or {}).get("message"))
             for t in graphql.sensor_ticks(sensor_name, limit)]
+
+
+def wait_for_ticks_after(services, since_epoch: float, count: int,
+                          timeout: float) -> list:
+    """The first ``count`` finished ticks that started after ``since_epoch``, oldest first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ticks = [t for t in sensor_ticks(services.graphql)
+                 if t.timestamp > since_epoch and t.status != "STARTED"]
+        if len(ticks) >= count:
+            return sorted(ticks, key=lambda t: t.timestamp)[:count]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(ticks)} of {count} ticks after the drop in {timeout} s: "
+                                 f"{sensor_ticks(services.graphql, limit=5)}")
+        time.sleep(1)
+
+
+def wait_for_tick_asking_after(services, since_epoch: float, timeout: float):
+    """The first tick that requested runs and ended after ``since_epoch`` (a tick that began
+    before it may have listed the inbox after it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        asking = [t for t in sensor_ticks(services.graphql)
+                  if t.status != "STARTED" and (t.end_timestamp or 0) > since_epoch
+                  and t.run_keys]
+        if asking:
+            return min(asking, key=lambda t: t.timestamp)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no tick asked for a run in {timeout} s: "
+                                 f"{sensor_ticks(services.graphql, limit=5)}")
+        time.sleep(1)

@@ -1,11 +1,12 @@
 """The sensor of a file source: every new file version in the inbox becomes a partition and a run.
 
-Each tick lists the inbox (one directory read) and hashes only the files whose size or
-modification time changed since the cursor saw them, so a tick over 10,000 waiting files opens
-none of them. A new version (``<name>@<hash>``) is added as a dynamic partition, checked against
-the partitions that exist in one query, and gets a run keyed by its content hash: the same bytes
-are never processed twice in a row by the sensor, a new version always is (so is an older
-version dropped again after a newer one loaded: a revert). The partitions are added
+Each tick lists the inbox (one directory read, or one listing of an ``s3://`` prefix) and hashes
+only the files whose size or modification time changed since the cursor saw them, so a tick over
+10,000 waiting files opens none of them (on object storage none ever: a version is the ETag and
+size the listing gives). A new version (``<name>@<hash>``) is added as a dynamic partition,
+checked against the partitions that exist in one query, and gets a run keyed by its content hash:
+the same bytes are never processed twice in a row by the sensor, a new version always is (so is
+an older version dropped again after a newer one loaded: a revert). The partitions are added
 before the runs are submitted, in the same tick; a tick that fails advances no cursor, so the
 next one asks again and Dagster's run-key check keeps that from running anything twice. After a
 cursor reset every file is hashed once more and the run keys again keep the work from repeating.
@@ -72,7 +73,7 @@ def new_file_versions_sensor(spec: SourceSpec, job: Any, resource_key: str):
                 now_seen[file.name] = previous
                 continue
             try:
-                content_hash = inbox.content_hash(file.name)
+                content_hash = inbox.version_hash(file)
             except (FileNotFoundError, PermissionError):
                 continue  # gone or not readable yet: the next tick looks again
             now_seen[file.name] = [file.size, file.modified_ns, content_hash]

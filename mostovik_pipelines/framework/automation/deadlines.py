@@ -37,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
@@ -58,6 +59,7 @@ from mostovik_pipelines.framework.automation.partition_states import (
     PartitionState,
     partition_states,
 )
+from mostovik_pipelines.framework.dagster_compat import AssetCheckExecutionRecordStatus
 from mostovik_pipelines.framework.runs.tags import SOURCE_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
@@ -205,7 +207,7 @@ def deadlines_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
             state = deadline_state(context.instance, spec, now)
             said = cursor.setdefault(spec.name, {"check": None, "alerted": []})
             verdict = [state.met, [p.key for p in state.late]]
-            if said["check"] != verdict:
+            if said["check"] != verdict or _recorded_verdict(context.instance, spec) != verdict:
                 events.append(state.evaluation(spec))
                 said["check"] = verdict
             for period in state.late:
@@ -221,6 +223,22 @@ def deadlines_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
                             skip_reason="; ".join(lines) or "no source has a deadline")
 
     return period_deadlines
+
+
+def _recorded_verdict(instance: DagsterInstance, spec: SourceSpec) -> list | None:
+    """What the UI shows for the check now: its latest execution's verdict, None when that is
+    not an evaluation. A run that selects the whole asset (a UI backfill) plans the check too, and
+    a failed one leaves it SKIPPED: the sensor records the truth again rather than let "skipped"
+    or a run's older verdict stand while periods are late."""
+    record = instance.get_latest_asset_check_evaluation_record(
+        AssetCheckKey(AssetKey(spec.name), DEADLINE_CHECK))
+    if record is None or record.event is None or record.status not in (
+            AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED):
+        return None
+    evaluation = record.event.dagster_event.event_specific_data
+    late = evaluation.metadata.get("late_periods")
+    return [record.status == AssetCheckExecutionRecordStatus.SUCCEEDED,
+            list(late.value) if late is not None else None]
 
 
 def _alert(spec: SourceSpec, period: LatePeriod, kind: str,

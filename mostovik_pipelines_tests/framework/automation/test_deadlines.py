@@ -130,6 +130,55 @@ def test_the_sensor_records_the_check_and_alerts_each_late_period_once(
 
 
 @pytest.mark.postgres
+def test_a_failed_run_that_planned_the_check_does_not_leave_it_skipped(
+        pg_warehouse_url, standin_server, standin, tmp_path, instance):
+    """A UI backfill selects the asset with all its checks, the deadline check among them; when
+    that run fails, the check's latest execution is the failed run's plan, which the UI shows as
+SKIPPED. The
+    sensor's next tick records the truth again (red, naming the late days), though its own
+    verdict did not change."""
+    source = dataclasses.replace(
+        cbr_daily_rates.SOURCE, extract_retry=FAST_RETRY, load_retry=FAST_RETRY,
+        catch_up=CatchUpPolicy(lookback=timedelta(days=20)))
+    location = code_location_for(pg_warehouse_url, standin_server, tmp_path, [source])
+    job, whole_asset = (location.resolve_job_def("cbr_daily_rates_job"),
+                        location.resolve_implicit_global_asset_job_def())
+    key = AssetCheckKey(AssetKey(source.name), DEADLINE_CHECK)
+    assert key in whole_asset.asset_layer.asset_graph.asset_check_keys
+    tuesday = _last_weeks_tuesday()
+    assert run_partition(job, tuesday.isoformat(), instance).success
+    sensor = deadlines_sensor([source])
+    notifier = AlertNotifierResource(database_url=pg_warehouse_url)
+
+    def tick(cursor: str | None):
+        result = sensor(build_sensor_context(instance=instance, cursor=cursor,
+                                             resources={"alert_notifier": notifier}))
+        for event in result.asset_events:
+            instance.report_runless_asset_event(event)
+        return result
+
+    def shown():
+        [record] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
+        return record.status.value
+
+    first = tick(None)
+    assert shown() == "FAILED"
+    standin.fault("status", status=404, times=10)
+    failed = run_partition(whole_asset, (tuesday - timedelta(days=1)).isoformat(), instance)
+    standin.clear_faults()
+    # Stored as planned by a run that failed: GraphQL and the UI show it SKIPPED.
+    assert not failed.success and shown() == "PLANNED"
+
+    second = tick(first.cursor)
+    [evaluation] = second.asset_events
+    assert not evaluation.passed
+    assert evaluation.metadata["late_periods"].value == (
+        first.asset_events[0].metadata["late_periods"].value)
+    assert shown() == "FAILED"
+    assert tick(second.cursor).asset_events == []  # the truth shown: nothing recorded again
+
+
+@pytest.mark.postgres
 def test_a_period_past_the_lookback_is_flagged_aged_out(cbr, instance):
     source, job = cbr
     tuesday = _last_weeks_tuesday()
