@@ -1,7 +1,7 @@
 """An A/B of the ranged year between checkouts of the code, interleaved on one machine.
 
     python -m benchmarks.year_ab --tree before=/tmp/ab/3fc4c26 --tree after=. \\
-        [--days 365] [--repeat 3] [--instance production] [--no-rerun]
+        [--days 365] [--first 2024-01-01] [--repeat 3] [--instance production] [--no-rerun]
 
 Each repetition runs, for every tree in turn (the order rotates from one repetition to the
 next), the year as one ranged run (``dagster asset materialize --partition-range``) on a fresh
@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tree", action="append", required=True,
                         help="NAME=PATH of a checkout (repeat for each)")
     parser.add_argument("--days", type=int, default=365)
+    parser.add_argument("--first", type=date.fromisoformat, default=date(2024, 1, 1),
+                        help="the range's first day (five years: 2020-01-01 with --days 1826)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--instance", choices=("production", "sqlite"), default="production")
     parser.add_argument("--no-rerun", action="store_true", help="the first load only")
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parser.parse_args(argv)
     trees = [(name, Path(path).resolve()) for name, path in
              (tree.split("=", 1) for tree in options.tree)]
-    first = date(2024, 1, 1)
+    first = options.first
     last = (first + timedelta(days=options.days - 1)).isoformat()
     first = first.isoformat()
     figures: dict[str, list[tuple[float, int, float, float]]] = {}
