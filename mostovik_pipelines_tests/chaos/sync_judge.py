@@ -1,13 +1,11 @@
-"""The judge of the sync suite.
-
-
-The judge, once every window of the pool has been synced successfully by a run started after the
-last source change: the table equals the stand-in's oracle for the union of the pool's windows
-(every record whose latest version lies in a pool window, on every field, ``window_date`` the
-Moscow day of its ``updated_at``), no id is held twice, no quarantine, and no ``sync_progress``
-row is left. Every run of a window that had a checkpoint of k pages must fetch no page <= k: in
-the stand-in's log, its requests for the whole window carry a token of a page greater than k
-(or one refused as expired), and any other starts at or after the last committed item (the
+"""The judge of the sync suite, once every window of the pool has been synced successfully by a run
+started after the last source change: the table equals the stand-in's oracle for the union of
+the pool's windows (every record whose latest version lies in a pool window, on every field,
+``window_date`` the Moscow day of its ``updated_at``), no id is held twice, no quarantine, and
+no ``sync_progress`` row is left. Every run of a window that had a checkpoint of k pages must
+fetch no page <= k: in the stand-in's log, its requests for the whole window carry a token of a
+page greater than k (or one refused as expired), and any other starts at or after the last
+committed item (the window narrowed after an expired token).
 """
 
 from __future__ import annotations

@@ -394,3 +394,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if totals.failures or totals.duplicates or totals.differences else 0
 
 
+if __name__ == "__main__":
+    sys.exit(main())
