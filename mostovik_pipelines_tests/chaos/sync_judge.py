@@ -52,7 +52,7 @@ class SyncJudge:
                 continue
             asked_from = instant(query["updated_from"][0])
             if query.get("page_token"):
-                cursor = _token_cursor(query["page_token"][0])
+                cursor = token_cursor(query["page_token"][0])
                 if last is not None and cursor is not None and cursor < last:
                     return (f"a re-run after {checkpoint.pages} committed pages continued after "
                             f"{cursor}, before the last committed item {last}")
@@ -123,7 +123,7 @@ class SyncJudge:
         return found
 
 
-def _token_cursor(token: str) -> tuple[int, str] | None:
+def token_cursor(token: str) -> tuple[int, str] | None:
     """The (updated_at in microseconds, id) after which a stand-in page token continues: its
     tokens are their keyset cursor as JSON followed by a MAC (:mod:`mostovik_pipelines.standin.
     erp`); None for a token that is not one."""

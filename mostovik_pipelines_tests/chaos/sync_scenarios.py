@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import random
 import signal
 import sys
 import time
 from datetime import date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -62,6 +64,7 @@ from mostovik_pipelines_tests.chaos.sync_source import (
     TABLE,
     Checkpoint,
     SyncSourceChanges,
+    instant,
 )
 from mostovik_pipelines_tests.chaos.sync_totals import SyncTotals, sync_faults, sync_summary
 from mostovik_pipelines_tests.chaos.tally import Tally, tallied
@@ -88,7 +91,8 @@ class SyncSuite(SyncSourceChanges, SyncJudge):
 
     def __init__(self, workspace: Workspace, standin: StandinClient, seed: int, *,
                  windows: int = 4, records: tuple[int, int] = (300, 2000),
-                 cli_share: float = 0.3, max_steps: int = 3, log=print) -> None:
+                 cli_share: float = 0.3, max_steps: int = 3, today: date | None = None,
+                 log=print) -> None:
         self.ws = workspace
         self.standin = standin
         self.seed = seed
@@ -97,7 +101,7 @@ class SyncSuite(SyncSourceChanges, SyncJudge):
         self.log = log
         self.totals = SyncTotals()
         rng = random.Random(f"{seed}:pool")
-        self.windows = pool_windows(datetime.now(MOSCOW).date(), windows)
+        self.windows = pool_windows(today or datetime.now(MOSCOW).date(), windows)
         self.bounds = {w: erp_work_orders.window_bounds(w) for w in self.windows}
         standin.reset_erp()
         standin.clear_faults()
@@ -108,6 +112,9 @@ class SyncSuite(SyncSourceChanges, SyncJudge):
         """Whether a run started after the last source change has synced the window, and no
         run of it has failed since."""
         self.last_window: str | None = None
+        self.read_up_to: dict[str, datetime] = {}
+        """Per window, the last item of the pages its runs landed since its last success: what
+        a next run may take up instead of asking the source again."""
 
     def run(self, scenarios: int) -> SyncTotals:
         for number in range(1, scenarios + 1):
@@ -163,7 +170,7 @@ class SyncSuite(SyncSourceChanges, SyncJudge):
             note.append(f"{'kill' if killed else 'nokill'}@{kill_point}")
         statuses = [self.ws.finish(handle, rng) for handle in handles]
         note.append("/".join(status_text(s) for s in statuses))
-        self._book(window, statuses, checkpoint, started, note)
+        self._book(window, handles, statuses, checkpoint, started, note)
         if killed and rng.random() < 0.6:
             # The operator's re-run right after the crash: it must resume.
             self._maybe_expire_tokens(rng, note)
@@ -182,16 +189,28 @@ class SyncSuite(SyncSourceChanges, SyncJudge):
                   note: list[str]) -> DagsterRunStatus | None:
         checkpoint = self._checkpoints().get(window)
         started = time.time()
-        status = self.ws.finish(self._start(window, cli), rng)
-        self._book(window, [status], checkpoint, started, note)
+        handle = self._start(window, cli)
+        status = self.ws.finish(handle, rng)
+        self._book(window, [handle], [status], checkpoint, started, note)
         return status
 
-    def _book(self, window: str, statuses: list[DagsterRunStatus | None],
-              checkpoint: Checkpoint | None, started: float, note: list[str]) -> None:
+    def _book(self, window: str, handles: list[RunHandle],
+              statuses: list[DagsterRunStatus | None], checkpoint: Checkpoint | None,
+              started: float, note: list[str]) -> None:
         """The runs' outcome: the window is synced if they all succeeded, else unfinished (a
-        killed run of a duplicate pair may be the later one, leaving its checkpoint); a single
-        run of a window that held a checkpoint when it started must have resumed."""
+        killed run of a duplicate pair may be the later one, leaving its checkpoint, and what
+        they landed is read); a single run of a window that held a checkpoint when it started
+        must have resumed."""
         self.synced[window] = all(s == DagsterRunStatus.SUCCESS for s in statuses)
+        if self.synced[window]:
+            self.read_up_to.pop(window, None)
+        else:
+            landed = [moment for handle in handles
+                      for moment in self._landed_instants(handle, window)]
+            if window in self.read_up_to:
+                landed.append(self.read_up_to[window])
+            if landed:
+                self.read_up_to[window] = max(landed)
         if checkpoint is None or len(statuses) != 1:
             return  # the requests of a duplicate pair cannot be told apart
         problem = self._check_resume(window, checkpoint, started, time.time())
@@ -283,11 +302,27 @@ class SyncSuite(SyncSourceChanges, SyncJudge):
             "AND partition_key = %s", (SOURCE, window)).fetchone()
         return row[0] if row and row[1] == run_id else 0
 
-    def _landed_by(self, handle: RunHandle, window: str) -> int:
+    def _landed_pages(self, handle: RunHandle, window: str) -> list[Path]:
+        """The landing records of the pages the run fetched for the window itself."""
         run_id = self.ws.run_id_of(handle)
         folder = (self.ws.data_dir / "landing" / quote(SOURCE, safe="")
                   / quote(window, safe="") / "fetches")
-        return len(list(folder.glob(f"*-{run_id}-p*.json"))) if run_id else 0
+        return list(folder.glob(f"*-{run_id}-p*.json")) if run_id else []
+
+    def _landed_by(self, handle: RunHandle, window: str) -> int:
+        return len(self._landed_pages(handle, window))
+
+    def _landed_instants(self, handle: RunHandle, window: str) -> list[datetime]:
+        """The ``updated_at`` of every item in the pages the run landed (a page whose bytes
+        a kill left unwritten holds none)."""
+        instants = []
+        for record in self._landed_pages(handle, window):
+            try:
+                page = json.loads(Path(json.loads(record.read_text())["blob_path"]).read_bytes())
+            except (OSError, ValueError, KeyError):
+                continue
+            instants += [instant(item["updated_at"]) for item in page.get("items", [])]
+        return instants
 
     def _settle(self, rng: random.Random, notes: list[str]) -> None:
         """Sync every window not synced since the last change, one warm run at a time, until a

@@ -6,8 +6,10 @@ restores, and nightly-import batches stamping several records with the very same
 boundaries then fall inside a run of equal ``updated_at``).
 
 A change is stamped the way a real ERP's clock would stamp it: after the last item a window's
-checkpoint (:class:`Checkpoint`) has committed, if an interrupted run left one (a change can
-never land before a cursor that was read earlier, since ``updated_at`` only grows).
+checkpoint (:class:`Checkpoint`) has committed, if an interrupted run left one, and after the
+last item of the pages the window's runs landed since its last success (a killed window's next
+run takes those up instead of asking again): a change can never land before what was read
+earlier, since ``updated_at`` only grows.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class Checkpoint:
 
 class SyncSourceChanges:
     """Changes of the source, for :class:`.sync_scenarios.SyncSuite`: it reads the suite's
-    stand-in, windows and records, and counts into its totals."""
+    stand-in, windows, records and what its runs read (``read_up_to``), and counts into its
+    totals."""
     def _read_records(self) -> None:
         start, end = self.bounds[self.windows[0]][0], self.bounds[self.windows[-1]][1]
         self.records = {item["id"]: item for item in self.standin.erp_window_state(start, end)}
@@ -121,6 +124,8 @@ class SyncSourceChanges:
         checkpoint = checkpoints.get(window)
         if checkpoint and checkpoint.last_updated_at:
             low = max(low, checkpoint.last_updated_at + timedelta(microseconds=1))
+        if window in self.read_up_to:
+            low = max(low, self.read_up_to[window] + timedelta(microseconds=1))
         span = int((end - low) / timedelta(microseconds=1))
         if span <= 1:
             return None
