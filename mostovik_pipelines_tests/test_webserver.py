@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -27,13 +27,11 @@ import pytest
 from dagster import DagsterInstance
 
 from mostovik_pipelines.definitions import defs
-from mostovik_pipelines.framework.quality.checks import partition_checks
 from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
 from mostovik_pipelines.maintenance.job import PRUNE_JOB, PRUNE_SCHEDULE
 from mostovik_pipelines.maintenance.policy import RetentionPolicy
 from mostovik_pipelines.maintenance.prune import prune
 from mostovik_pipelines.settings import landing_dir, storage_dir
-from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.graphql import BACKFILL_LIMIT_SECONDS
 from mostovik_pipelines_tests.support.inbox import drop
@@ -41,9 +39,11 @@ from mostovik_pipelines_tests.support.operator_ui import (
     ALERT_SENSOR_INTERVAL_SECONDS,
     ALERT_SENSORS,
     ASSET,
-    MOSCOW,
+    CHECKS,
     RATES_PER_DATE,
+    SPECS,
     STALE_SOURCE,
+    day_of_last_week,
     operator_ui_services,
     partitions_of,
     published_rates,
@@ -69,29 +69,20 @@ INBOX_SENSOR_SECONDS = 15
 
 JOB = "cbr_daily_rates_job"
 SCHEDULE = "cbr_daily_rates_schedule"
-SPECS = {spec.name: spec for spec in ALL_SOURCES}
-CHECKS = {spec.name: sorted(check.name for check in partition_checks(spec))
-          for spec in ALL_SOURCES}
 OUR_RUN_TAGS = {"mostovik/source", "mostovik/job_type", "mostovik/status"}
 """The tags of ours a run shows in the run list (besides Dagster's own, period included): what
 operators filter by."""
 
 
-def _last_week(weekday: int) -> date:
-    """The day of last week (Monday 0) in Moscow, where the CBR's dates are."""
-    today = datetime.now(MOSCOW).date()
-    return today - timedelta(days=today.weekday() + 7) + timedelta(days=weekday)
-
-
 # Tuesday to Saturday carry rates of their own (see standin/cbr.py).
-BACKFILL_DATES = [_last_week(1), _last_week(2), _last_week(3)]
-FAILING_DATE = _last_week(5)
-CORRECTED_DATE = _last_week(4)
-UNALERTED_DATE = _last_week(0)
+BACKFILL_DATES = [day_of_last_week(1), day_of_last_week(2), day_of_last_week(3)]
+FAILING_DATE = day_of_last_week(5)
+CORRECTED_DATE = day_of_last_week(4)
+UNALERTED_DATE = day_of_last_week(0)
 """Monday: the CBR publishes no rates of its own for it, so no other test loads it."""
-DAEMON_RESTART_DATES = [_last_week(weekday) - timedelta(days=14) for weekday in (1, 2, 3)]
+DAEMON_RESTART_DATES = [day_of_last_week(weekday) - timedelta(days=14) for weekday in (1, 2, 3)]
 """Tuesday to Thursday three weeks ago: loaded by the backfill whose daemon is killed."""
-PRUNED_DATES = [_last_week(weekday) - timedelta(days=7) for weekday in (1, 2, 3)]
+PRUNED_DATES = [day_of_last_week(weekday) - timedelta(days=7) for weekday in (1, 2, 3)]
 """Tuesday to Thursday two weeks ago: loaded, loaded twice, failed, then pruned."""
 
 
@@ -327,7 +318,7 @@ def test_the_late_periods_show_red_in_the_ui_and_each_raises_one_alert(
     loaded = set(rows_per_date(warehouse_url))
     # Watched: the periods whose window ends after the first run's lookback (7 days).
     watched_from = datetime.now(UTC) - spec.catch_up.lookback + timedelta(hours=1)
-    last_week = [key for key in (_last_week(day).isoformat() for day in range(7))
+    last_week = [key for key in (day_of_last_week(day).isoformat() for day in range(7))
                  if spec.partitions_def.time_window_for_partition_key(key).end > watched_from]
     due_unloaded = [day for day in last_week if day not in loaded]
     assert due_unloaded, "every day of last week loaded: nothing to see late"

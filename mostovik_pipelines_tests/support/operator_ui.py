@@ -1,6 +1,7 @@
 """The deployment of the operator's day in the UI (``test_webserver.py``), and what its tests read
 besides the UI's answers: the CBR rates a date stores and the ones the stand-in publishes, rows
-per date, the partitions a run covers, and what the UI shows of every partition before today."""
+per date, the partitions a run covers, what the UI shows of every partition before today, and
+the days of last week its tests load."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 
 from mostovik_pipelines.framework.quality.checks import partition_checks
 from mostovik_pipelines.framework.spec import TransformRequest
-from mostovik_pipelines.sources import cbr_daily_rates
+from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.instances import fresh_deployment
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
@@ -30,6 +31,9 @@ from mostovik_pipelines_tests.support.webserver import DagsterServices
 ASSET = cbr_daily_rates.SOURCE.name
 RATES_PER_DATE = 12
 MOSCOW = ZoneInfo("Europe/Moscow")
+SPECS = {spec.name: spec for spec in ALL_SOURCES}
+CHECKS = {spec.name: sorted(check.name for check in partition_checks(spec))
+          for spec in ALL_SOURCES}
 STALE_SOURCE = "erp_work_orders"
 """Its last sync is made three hours old before the daemon starts: past its 2-hour policy. Its
 hourly schedule is stopped in the UI before the daemon starts (the sync stopped): its tick at
@@ -63,6 +67,12 @@ def operator_ui_services(postgres: ThrowawayPostgres, standin_server: StandinSer
             for name in ALERT_SENSORS:
                 running.graphql.wait_for_sensor_tick(name, ALERT_SENSOR_INTERVAL_SECONDS)
             yield running
+
+
+def day_of_last_week(weekday: int) -> date:
+    """The day of last week (Monday 0) in Moscow, where the CBR's dates are."""
+    today = datetime.now(MOSCOW).date()
+    return today - timedelta(days=today.weekday() + 7) + timedelta(days=weekday)
 
 
 def last_synced_hours_ago(home, environment: dict[str, str], source: str, hours: int) -> None:
@@ -120,7 +130,7 @@ def what_the_ui_shows(services: DagsterServices) -> dict:
             status[day.isoformat()] = state
             day += timedelta(days=1)
     checks = {}
-    for check in sorted(check.name for check in partition_checks(cbr_daily_rates.SOURCE)):
+    for check in CHECKS[ASSET]:
         for partition in status:
             latest = services.graphql.check_executions(ASSET, check, partition, limit=1)
             checks[(check, partition)] = [{key: execution[key] for key in (
