@@ -4,6 +4,7 @@ to both. Every test gets a database of its own, cloned from a migrated template.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +54,47 @@ re-run, code server, metrics and object-store modules by their own runs), longes
 first, the long ones do not end up alone at the tail while the other workers idle."""
 
 
+SERVER_FIXTURES = frozenset({"postgres", "redis_server", "s3", "production_home", "calendar"})
+"""Fixtures that start PostgreSQL, Redis or an S3 API server (directly or through another)."""
+SERVER_MARKERS = frozenset({"postgres", "slow", "long_outage"})
+SERVER_STARTS = ("ThrowawayPostgres(", "ThrowawayRedis(", "S3ApiServer(", "s3_in_environment(",
+                 "mounted_buckets(", "S3Front(", "subprocess.", "start_job_execute(")
+"""What a test or one of its fixtures calls when it starts a server or a Dagster process."""
+
+
+def _starts_servers(function) -> bool:
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(start in source for start in SERVER_STARTS)
+
+
+def needs_servers(item: pytest.Item) -> bool:
+    """Whether a test starts a server or a real Dagster process: by its markers, the fixtures
+    it asks for, what it or one of its fixtures calls, or a backend parameter
+    (``warehouse_url``'s and ``dagster_home``'s ``postgresql``)."""
+    if SERVER_MARKERS & {mark.name for mark in item.iter_markers()}:
+        return True
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "postgresql" in callspec.params.values():
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    fixtures = [definition.func for definitions in (info.name2fixturedefs.values() if info else ())
+                for definition in definitions]
+    return any(_starts_servers(function)
+               for function in [getattr(item, "function", None), *fixtures])
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test that needs servers ``servers`` (``make check`` runs the others), and
+    orders the modules longest first."""
+    for item in items:
+        if needs_servers(item):
+            item.add_marker(pytest.mark.servers)
+
     def rank(item: pytest.Item) -> int:
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
