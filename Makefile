@@ -1,9 +1,8 @@
 # Every target sets itself up on a fresh machine: it creates .venv and installs what it needs.
 # The interpreter of .venv: Debian's python3.11 where it is installed with its venv module, else
 # the first python3.11 on PATH. Debian builds it with profile-guided and link-time optimisation, a
-# build from source (pyenv's) has neither: a `dagster job execute` of one partition takes 2.07 s
-# against 2.40 s, importing the code location 0.64 s against 0.77 s, and the test suite starts
-# about 150 such processes. An existing .venv is kept; `rm -rf .venv` to re-create it.
+# build from source (pyenv's) has neither, and the test suite starts about 150 Dagster processes
+# (the figures: docs/testing.md, Timings). An existing .venv is kept; `rm -rf .venv` to re-create it.
 SYSTEM_PYTHON := /usr/bin/python3.11
 PYTHON ?= $(shell $(SYSTEM_PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 \
                   && echo $(SYSTEM_PYTHON) || echo python3.11)
