@@ -18,7 +18,7 @@ from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.standin import StandinClient
 from mostovik_pipelines_tests.chaos import run_chaos
 from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
-from mostovik_pipelines_tests.chaos.scenarios import CODES, UNREADABLE_VALUES, SourceModel
+from mostovik_pipelines_tests.chaos.parser_source import CODES, UNREADABLE_VALUES, SourceModel
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.postgres import dsn_of
 

@@ -13,14 +13,9 @@ import pytest
 
 from mostovik_pipelines.standin import StandinClient
 from mostovik_pipelines_tests.chaos.file_scenarios import run_file_chaos
-from mostovik_pipelines_tests.chaos.sync_scenarios import (
-    EPOCH,
-    SyncSuite,
-    _instant,
-    _token_cursor,
-    run_sync_chaos,
-    sync_workspace,
-)
+from mostovik_pipelines_tests.chaos.sync_judge import token_cursor
+from mostovik_pipelines_tests.chaos.sync_scenarios import SyncSuite, run_sync_chaos, sync_workspace
+from mostovik_pipelines_tests.chaos.sync_source import EPOCH, instant
 from mostovik_pipelines_tests.conftest import TEMPLATE_DB
 from mostovik_pipelines_tests.support.waiting import (
     PROCESS_START_MARGIN_SECONDS,
@@ -79,14 +74,14 @@ def test_the_sync_suite_stamps_changes_after_the_pages_a_killed_run_landed(
         standin.release_hangs()
         rng = random.Random(7)
         suite._book(window, [doomed], [workspace.finish(doomed, rng)], None, 0.0, [])
-        cursor = _token_cursor(parse_qs(held["query"])["page_token"][0])
+        cursor = token_cursor(parse_qs(held["query"])["page_token"][0])
         read_up_to = EPOCH + timedelta(microseconds=cursor[0])  # page 2's last item
 
         before = {item["id"]: item for item in standin.erp_window_state(start, end)}
         suite._read_records()
         for round_ in range(30):
             suite._change_source(random.Random(round_), [])
-        changed = {item["id"]: _instant(item["updated_at"])
+        changed = {item["id"]: instant(item["updated_at"])
                    for item in standin.erp_window_state(start, end)
                    if before.get(item["id"], {}).get("version") != item["version"]}
         assert changed, "no change was stamped in the killed run's window"

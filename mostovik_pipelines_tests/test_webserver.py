@@ -17,31 +17,41 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from zoneinfo import ZoneInfo
 
 import httpx
 import psycopg
 import pytest
-from dagster import AssetMaterialization, DagsterEvent, DagsterEventType, DagsterInstance
-from dagster._core.events import StepMaterializationData
-from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
+from dagster import DagsterInstance
 
 from mostovik_pipelines.definitions import defs
-from mostovik_pipelines.framework.quality.checks import partition_checks
-from mostovik_pipelines.framework.spec import TransformRequest
 from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
 from mostovik_pipelines.maintenance.job import PRUNE_JOB, PRUNE_SCHEDULE
 from mostovik_pipelines.maintenance.policy import RetentionPolicy
 from mostovik_pipelines.maintenance.prune import prune
 from mostovik_pipelines.settings import landing_dir, storage_dir
-from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.graphql import BACKFILL_LIMIT_SECONDS
 from mostovik_pipelines_tests.support.inbox import drop
-from mostovik_pipelines_tests.support.instances import fresh_deployment
+from mostovik_pipelines_tests.support.operator_ui import (
+    ALERT_SENSOR_INTERVAL_SECONDS,
+    ALERT_SENSORS,
+    ASSET,
+    CHECKS,
+    RATES_PER_DATE,
+    SPECS,
+    STALE_SOURCE,
+    day_of_last_week,
+    operator_ui_services,
+    partitions_of,
+    published_rates,
+    rows_per_date,
+    stored_rates,
+    usd_rate,
+    what_the_ui_shows,
+)
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres, dsn_of
 from mostovik_pipelines_tests.support.waiting import (
     limit_for,
@@ -57,85 +67,33 @@ CORPUS = Path(__file__).parent / "corpus"
 INBOX_SENSOR_SECONDS = 15
 """The inbox sensor's interval: how long a dropped report waits for its run."""
 
-ASSET = "cbr_daily_rates"
 JOB = "cbr_daily_rates_job"
 SCHEDULE = "cbr_daily_rates_schedule"
-RATES_PER_DATE = 12
-MOSCOW = ZoneInfo("Europe/Moscow")
-SPECS = {spec.name: spec for spec in ALL_SOURCES}
-CHECKS = {spec.name: sorted(check.name for check in partition_checks(spec))
-          for spec in ALL_SOURCES}
-STALE_SOURCE = "erp_work_orders"
-"""Its last sync is made three hours old before the daemon starts: past its 2-hour policy. Its
-hourly schedule is stopped in the UI before the daemon starts (the sync stopped): its tick at
-minute 5 of any hour the module spans would sync it and make it fresh."""
-ALERT_SENSORS = ("run_failure_alerts", "cancelled_runs_status", "source_shape_alerts",
-                 "alert_outbox", "period_deadlines")
-ALERT_SENSOR_INTERVAL_SECONDS = 5
-FRESHNESS_INTERVAL_SECONDS = 5
 OUR_RUN_TAGS = {"mostovik/source", "mostovik/job_type", "mostovik/status"}
 """The tags of ours a run shows in the run list (besides Dagster's own, period included): what
 operators filter by."""
 
 
-def _last_week(weekday: int) -> date:
-    """The day of last week (Monday 0) in Moscow, where the CBR's dates are."""
-    today = datetime.now(MOSCOW).date()
-    return today - timedelta(days=today.weekday() + 7) + timedelta(days=weekday)
-
-
 # Tuesday to Saturday carry rates of their own (see standin/cbr.py).
-BACKFILL_DATES = [_last_week(1), _last_week(2), _last_week(3)]
-FAILING_DATE = _last_week(5)
-CORRECTED_DATE = _last_week(4)
-UNALERTED_DATE = _last_week(0)
+BACKFILL_DATES = [day_of_last_week(1), day_of_last_week(2), day_of_last_week(3)]
+FAILING_DATE = day_of_last_week(5)
+CORRECTED_DATE = day_of_last_week(4)
+UNALERTED_DATE = day_of_last_week(0)
 """Monday: the CBR publishes no rates of its own for it, so no other test loads it."""
-DAEMON_RESTART_DATES = [_last_week(weekday) - timedelta(days=14) for weekday in (1, 2, 3)]
+DAEMON_RESTART_DATES = [day_of_last_week(weekday) - timedelta(days=14) for weekday in (1, 2, 3)]
 """Tuesday to Thursday three weeks ago: loaded by the backfill whose daemon is killed."""
-PRUNED_DATES = [_last_week(weekday) - timedelta(days=7) for weekday in (1, 2, 3)]
+PRUNED_DATES = [day_of_last_week(weekday) - timedelta(days=7) for weekday in (1, 2, 3)]
 """Tuesday to Thursday two weeks ago: loaded, loaded twice, failed, then pruned."""
 
 
 @pytest.fixture(scope="module")
 def services(postgres: ThrowawayPostgres, standin_server: StandinServer, webhook: WebhookReceiver,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServices]:
-    """Webserver and daemon on a fresh production instance database and a fresh warehouse, with
-    the alert webhook set, the ERP source's last sync three hours old, and the alert sensors
-    past their first tick."""
+    """Webserver and daemon on a fresh production instance database and a fresh warehouse
+    (:func:`~mostovik_pipelines_tests.support.operator_ui.operator_ui_services`)."""
     work_dir = tmp_path_factory.mktemp("webserver")
-    with fresh_deployment(postgres, standin_server, work_dir, "ui") as (home, environment):
-        environment.update({
-            "MOSTOVIK_ALERT_WEBHOOK_URL": webhook.url,
-            # The alert sensors look more often here (15 s by default): alert tests wait on them.
-            "MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS": str(ALERT_SENSOR_INTERVAL_SECONDS),
-            "MOSTOVIK_DEADLINE_SENSOR_INTERVAL_SECONDS": str(ALERT_SENSOR_INTERVAL_SECONDS),
-            # Dagster's own: how often the daemon evaluates freshness policies (default 30 s).
-            "FRESHNESS_DAEMON_INTERVAL_SECONDS": str(FRESHNESS_INTERVAL_SECONDS),
-        })
-        _last_synced_hours_ago(home, environment, STALE_SOURCE, hours=3)
-        services = DagsterServices(work_dir, home, environment,
-                                   stopped_schedules=[f"{STALE_SOURCE}_schedule"])
-        services.environment["MOSTOVIK_UI_URL"] = services.url  # the links in alerts
-        with services as running:
-            for name in ALERT_SENSORS:
-                running.graphql.wait_for_sensor_tick(name, ALERT_SENSOR_INTERVAL_SECONDS)
-            yield running
-
-
-def _last_synced_hours_ago(home, environment: dict[str, str], source: str, hours: int) -> None:
-    """Record a materialisation of ``source`` made ``hours`` ago (a sync that then stopped)."""
-    synced_at = datetime.now(UTC) - timedelta(hours=hours)
-    window = synced_at.astimezone(MOSCOW).date().isoformat()
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in environment.items():
-            patch.setenv(name, value)
-        with DagsterInstance.from_config(str(home)) as instance:
-            instance.report_dagster_event(DagsterEvent(
-                event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
-                event_specific_data=StepMaterializationData(
-                    AssetMaterialization(source, partition=window)),
-                job_name=RUNLESS_JOB_NAME,
-            ), run_id=RUNLESS_RUN_ID, timestamp=synced_at.timestamp())
+    with operator_ui_services(postgres, standin_server, webhook, work_dir) as running:
+        yield running
 
 
 @pytest.fixture
@@ -226,7 +184,7 @@ def test_a_failed_partition_alerts_once_and_is_re_executed_from_failure_to_exact
     assert rerun.root_run_id == failed.run_id
     assert rerun.status == "SUCCESS", services.graphql.run_errors(rerun_id)
     assert rerun.tags["mostovik/status"] == "completed"
-    assert _stored_rates(warehouse_url, partition) == _published_rates(standin_server, partition)
+    assert stored_rates(warehouse_url, partition) == published_rates(standin_server, partition)
     for check in CHECKS[ASSET]:
         latest = services.graphql.check_executions(ASSET, check, partition)[0]
         assert (latest["runId"], latest["status"]) == (rerun_id, "SUCCEEDED"), check
@@ -253,7 +211,7 @@ def test_an_old_run_re_executed_from_the_ui_never_puts_old_figures_back(
     standin.change_cbr_rates(partition, set_values={"USD": "75,5000"})
     newer = services.graphql.wait_for_run(services.graphql.launch_job_run(JOB, partition))
     assert newer.status == "SUCCESS"
-    assert _usd(warehouse_url, partition) == Decimal("75.5000")
+    assert usd_rate(warehouse_url, partition) == Decimal("75.5000")
 
     for strategy in ("FROM_FAILURE", "ALL_STEPS"):
         again_id = services.graphql.launch_reexecution(old_id, strategy)
@@ -261,41 +219,14 @@ def test_an_old_run_re_executed_from_the_ui_never_puts_old_figures_back(
         assert again.status == "SUCCESS", (strategy, services.graphql.run_errors(again_id))
         assert again.parent_run_id == old_id
         assert again.tags.get("mostovik/status") == "completed"
-        assert _usd(warehouse_url, partition) == Decimal("75.5000"), strategy
-
-
-def _stored_rates(warehouse_url: str, partition: str) -> dict[str, tuple]:
-    with psycopg.connect(dsn_of(warehouse_url)) as connection:
-        rows = connection.execute(
-            "SELECT char_code, rate_date, cbr_id, num_code, nominal, name, value, unit_rate "
-            "FROM cbr_daily_rates WHERE partition_date = %s", (date.fromisoformat(partition),))
-        return {row[0]: tuple(row[1:]) for row in rows}
-
-
-def _published_rates(standin_server: StandinServer, partition: str) -> dict[str, tuple]:
-    """What the CBR (the stand-in) publishes for the date, parsed as the source parses it."""
-    asked = date.fromisoformat(partition)
-    response = httpx.get(standin_server.cbr_url, params={"date_req": f"{asked:%d/%m/%Y}"})
-    frame = cbr_daily_rates.parse_daily_rates(TransformRequest(
-        source=ASSET, partition_key=partition, content=response.content,
-        content_type="application/xml", fetched_at=datetime.now(UTC))).as_frame()
-    assert len(frame) == RATES_PER_DATE
-    return {row.char_code: (row.rate_date, row.cbr_id, row.num_code, row.nominal, row.name,
-                            row.value, row.unit_rate) for row in frame.itertuples()}
-
-
-def _usd(warehouse_url: str, partition: str) -> Decimal:
-    with psycopg.connect(dsn_of(warehouse_url)) as connection:
-        return connection.execute(
-            "SELECT value FROM cbr_daily_rates WHERE partition_date = %s AND char_code = 'USD'",
-            (date.fromisoformat(partition),)).fetchone()[0]
+        assert usd_rate(warehouse_url, partition) == Decimal("75.5000"), strategy
 
 
 def test_a_backfill_launched_from_the_ui_completes_through_the_daemon(
     services, warehouse_url, standin
 ):
     partitions = [day.isoformat() for day in BACKFILL_DATES]
-    before = _rows_per_date(warehouse_url)
+    before = rows_per_date(warehouse_url)
     assert not set(partitions) & set(before)
     started = time.monotonic()
 
@@ -313,7 +244,7 @@ def test_a_backfill_launched_from_the_ui_completes_through_the_daemon(
     assert [run.status for run in runs] == ["SUCCESS"] * len(runs), errors
     assert {run.tags.get("dagster/backfill") for run in runs} == {backfill_id}
 
-    after = _rows_per_date(warehouse_url)
+    after = rows_per_date(warehouse_url)
     assert {day: count for day, count in after.items() if day not in before} == {
         partition: RATES_PER_DATE for partition in partitions
     }
@@ -350,7 +281,7 @@ def test_a_daemon_killed_mid_backfill_and_started_again_finishes_it_each_partiti
     partitions = [day.isoformat() for day in DAEMON_RESTART_DATES]
     first_query = f"date_req={DAEMON_RESTART_DATES[0]:%d/%m/%Y}"
     standin.fault("hang", seconds=600, match=first_query)
-    before = _rows_per_date(warehouse_url)
+    before = rows_per_date(warehouse_url)
     backfill_id = services.graphql.launch_partition_backfill([ASSET], partitions)
     wait_for_hanging_request(standin, first_query, limit=BACKFILL_LIMIT_SECONDS)
     assert len(services.graphql.runs_of_backfill(backfill_id)) == 1, "one ranged run launched"
@@ -362,9 +293,9 @@ def test_a_daemon_killed_mid_backfill_and_started_again_finishes_it_each_partiti
     runs = services.graphql.runs_of_backfill(backfill_id)
     assert backfill.status == "COMPLETED_SUCCESS", (backfill, runs, services.log_tails())
     # Each partition in one run (one ranged run, as the asset's backfill policy asks).
-    assert sorted(day for run in runs for day in _partitions_of(run)) == partitions, runs
+    assert sorted(day for run in runs for day in partitions_of(run)) == partitions, runs
     assert {run.status for run in runs} == {"SUCCESS"}
-    after = _rows_per_date(warehouse_url)
+    after = rows_per_date(warehouse_url)
     assert {day: count for day, count in after.items() if day not in before} == {
         partition: RATES_PER_DATE for partition in partitions}
     assert {day: after[day] for day in before} == before
@@ -384,10 +315,10 @@ def test_the_late_periods_show_red_in_the_ui_and_each_raises_one_alert(
     assert execution["status"] == "FAILED" and execution["evaluation"]["severity"] == "ERROR"
     described = execution["evaluation"]["description"]
     spec = SPECS[ASSET]
-    loaded = set(_rows_per_date(warehouse_url))
+    loaded = set(rows_per_date(warehouse_url))
     # Watched: the periods whose window ends after the first run's lookback (7 days).
     watched_from = datetime.now(UTC) - spec.catch_up.lookback + timedelta(hours=1)
-    last_week = [key for key in (_last_week(day).isoformat() for day in range(7))
+    last_week = [key for key in (day_of_last_week(day).isoformat() for day in range(7))
                  if spec.partitions_def.time_window_for_partition_key(key).end > watched_from]
     due_unloaded = [day for day in last_week if day not in loaded]
     assert due_unloaded, "every day of last week loaded: nothing to see late"
@@ -486,7 +417,7 @@ def test_after_a_prune_the_ui_shows_every_partition_as_before(services, standin,
         services.graphql.run_errors(run.run_id) for run in runs]
     superseded = launched[1]  # the second load of its partition ran after it (one at a time)
 
-    before = _what_the_ui_shows(services)
+    before = what_the_ui_shows(services)
     assert {day: before["status"].get(day) for day in (loaded, reloaded, failing)} == {
         loaded: "MATERIALIZED", reloaded: "MATERIALIZED", failing: "FAILED"}
     assert before["metadata"][reloaded]["run_id"] == launched[3]
@@ -505,46 +436,5 @@ def test_after_a_prune_the_ui_shows_every_partition_as_before(services, standin,
     runs_after = {run.run_id for run in services.graphql.runs({}, limit=1000)}
     assert superseded in runs_before - runs_after, "the prune deleted no run"
     assert runs_after < runs_before
-    assert _what_the_ui_shows(services) == before
+    assert what_the_ui_shows(services) == before
 
-
-def _what_the_ui_shows(services: DagsterServices) -> dict:
-    """Of every partition before today (a schedule may be loading today's): its status in the
-    asset's partition bar, its latest materialisation's metadata, and each check's latest
-    result."""
-    today = datetime.now(MOSCOW).date().isoformat()
-    status = {}
-    for state, first, last in services.graphql.partition_status_ranges(ASSET):
-        day = date.fromisoformat(first)
-        while day <= date.fromisoformat(last) and day.isoformat() < today:
-            status[day.isoformat()] = state
-            day += timedelta(days=1)
-    checks = {}
-    for check in CHECKS[ASSET]:
-        for partition in status:
-            latest = services.graphql.check_executions(ASSET, check, partition, limit=1)
-            checks[(check, partition)] = [{key: execution[key] for key in (
-                "runId", "status", "evaluation")} for execution in latest]
-    return {"status": status, "checks": checks,
-            "metadata": services.graphql.partition_metadata(ASSET, sorted(status))}
-
-
-def _partitions_of(run) -> list[str]:
-    """The partitions a run covers: its partition, or each day of its range."""
-    if "dagster/partition" in run.tags:
-        return [run.tags["dagster/partition"]]
-    first = date.fromisoformat(run.tags["dagster/asset_partition_range_start"])
-    last = date.fromisoformat(run.tags["dagster/asset_partition_range_end"])
-    return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
-
-
-def _rows_per_date(warehouse_url: str) -> dict[str, int]:
-    """Rows per ``partition_date`` in the warehouse, leaving out today and tomorrow: the
-    schedule is running and loads those partitions should a tick fall within the test."""
-    today = datetime.now(MOSCOW).date()
-    with psycopg.connect(dsn_of(warehouse_url)) as connection:
-        rows = connection.execute(
-            "SELECT partition_date, count(*) FROM cbr_daily_rates WHERE partition_date < %s "
-            "GROUP BY partition_date", (today,)
-        ).fetchall()
-    return {day.isoformat(): count for day, count in rows}

@@ -96,6 +96,11 @@ Wiring = Callable[[Path], tuple[Any, dict[str, str]]]
 one, for a workspace rooted at ``root``."""
 
 
+def status_text(status: DagsterRunStatus | None) -> str:
+    """A run's status as a scenario's note prints it."""
+    return status.value.lower() if status else "none"
+
+
 class RunHandle:
     """One started run: its process, what finds it in run storage (its attempt tag; for a
     re-execution, being a run of its parent created since it was started), its end."""
