@@ -28,10 +28,10 @@ from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 
-LONGEST_FIRST = ("test_signals_truth.py", "test_calendar_parser_daemon.py",
-                 "test_chaos_platform.py", "test_chaos_calendar.py",
-                 "test_dead_runs.py", "test_dead_runs_on_the_code_server.py",
-                 "test_rerun_killed_on_celery.py", "test_rerun_range.py",
+LONGEST_FIRST = ("test_calendar_parser_daemon.py", "test_chaos_platform.py",
+                 "test_chaos_calendar.py", "test_dead_runs.py",
+                 "test_rerun_range.py", "test_signals_truth.py",
+                 "test_dead_runs_on_the_code_server.py", "test_rerun_killed_on_celery.py",
                  "test_docs_commands_run.py", "test_chaos_sync_and_files.py",
                  "test_docs_operator_commands_run.py", "test_runbook.py",
                  "test_daemon_continuation_and_monitoring.py",
@@ -53,7 +53,9 @@ LONGEST_FIRST = ("test_signals_truth.py", "test_calendar_parser_daemon.py",
 re-run, code server, metrics and object-store modules by their own runs), longest first.
 ``make test`` hands whole modules to its workers in this order (``--dist loadfile
 --no-loadscope-reorder``: xdist would otherwise order modules by their number of tests); started
-first, the long ones do not end up alone at the tail while the other workers idle."""
+first, the long ones do not end up alone at the tail while the other workers idle. The signals
+truth test starts in the second wave, not beside the three other fake-clock daemon modules: its
+operator's re-run is held in flight by a 30 s fetch timeout, which that contention outlasted."""
 
 
 SERVER_FIXTURES = frozenset({"postgres", "redis_server", "s3", "production_home", "calendar"})
