@@ -195,6 +195,7 @@ def test_a_run_waiting_for_another_does_not_starve_it_of_the_only_worker(deploym
     assert serving.succeeded_task_ids()
 
 
+@pytest.mark.long_outage
 def test_a_broker_crash_while_steps_run_and_wait_on_celery_fails_no_run_and_loses_no_step(
     deployment, redis_server, standin, standin_server, pg_warehouse_url, tmp_path
 ):

@@ -25,7 +25,8 @@ from mostovik_pipelines_tests.support.waiting import (
 
 SYNC_SEED = 20261201
 FILE_SEED = 20261202
-SCENARIOS = 10
+SYNC_SCENARIOS = 7
+FILE_SCENARIOS = 10
 
 
 @pytest.mark.slow
@@ -33,10 +34,10 @@ SCENARIOS = 10
 def test_after_kills_faults_duplicates_and_resumes_the_synced_windows_equal_the_source(
     postgres, standin_server
 ):
-    totals = run_sync_chaos(postgres, standin_server, SYNC_SEED, SCENARIOS, windows=3,
+    totals = run_sync_chaos(postgres, standin_server, SYNC_SEED, SYNC_SCENARIOS, windows=3,
                             records=(150, 500), cli_share=0.1, max_steps=2,
                             template=TEMPLATE_DB)
-    assert totals.scenarios == SCENARIOS
+    assert totals.scenarios == SYNC_SCENARIOS
     assert sum(totals.kills.values()) >= 1, "no run was killed"
     assert totals.resumes_checked >= 1, "no re-run resumed from a checkpoint"
     assert totals.differences == 0, "\n".join(totals.failures)
@@ -106,9 +107,9 @@ def test_the_sync_suite_stamps_changes_after_the_pages_a_killed_run_landed(
 def test_after_kills_duplicates_and_racing_re_uploads_each_file_holds_its_newest_version(
     postgres
 ):
-    totals = run_file_chaos(postgres, FILE_SEED, SCENARIOS, lines=(15, 40), cli_share=0.1,
+    totals = run_file_chaos(postgres, FILE_SEED, FILE_SCENARIOS, lines=(15, 40), cli_share=0.1,
                             reverts=True, template=TEMPLATE_DB)
-    assert totals.scenarios == SCENARIOS
+    assert totals.scenarios == FILE_SCENARIOS
     assert sum(totals.kills.values()) >= 1, "no run was killed"
     assert sum(totals.reupload_races.values()) >= 1, "no re-upload raced a run"
     assert totals.differences == 0, "\n".join(totals.failures)

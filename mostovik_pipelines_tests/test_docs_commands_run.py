@@ -14,10 +14,10 @@ two commands in a copy of the repository as it was before the metals were added,
 the files the guide lists.
 
 The README's prose names ``make lint`` and ``make clean``: run too (the targets not run:
-:data:`CHEAP_TARGETS`). Not run: ``make test`` (the whole suite, 20 minutes and more; it is what
-runs this test). The ``text`` blocks are synopses, not commands; deploy/README.md's commands
-change the machine (``useradd``, ``systemctl``, files under /etc and /opt) and are the
-deployment tests' business.
+:data:`CHEAP_TARGETS`). Not run, each with its reason (:data:`NOT_RUN`): ``make test`` (it is
+what runs this test), the chaos and benchmark commands of docs/testing.md and
+benchmarks/README.md; deploy/README.md's are run by ``test_runbook.py``. The ``text``
+blocks are synopses, not commands.
 """
 
 from __future__ import annotations
@@ -61,10 +61,30 @@ tomorrow's rates): its days and the ERP's figures are that day's."""
 DEV_UI = "http://127.0.0.1:3000"
 DEV_PORTS = (3000, 8765)
 """Where make dev serves the UI and the stand-in."""
-NOT_RUN = {(README, "make test"): "the whole suite: it is what runs this test"}
+TESTING, DEPLOY, BENCH = "docs/testing.md", "deploy/README.md", "benchmarks/README.md"
+NOT_RUN = {
+    (README, "make test"): "the whole suite: it is what runs this test",
+    (DEPLOY, ""): "every command of the runbook is run as written, in its order, by "
+                  "test_runbook.py, which fails on a block it does not run",
+    (TESTING, "python -m mostovik_pipelines_tests.chaos --seed"): "a make chaos run at its "
+        "default counts (hours); every make chaos runs it with a new seed, make test has each "
+        "suite's fixed-seed case (test_chaos*.py)",
+    (TESTING, "python -m mostovik_pipelines_tests.chaos.ranged_crash"): "20 ranged runs of 120 "
+        "partitions each, about half an hour; make test has the crash under a partition's "
+        "checks (framework/test_retries.py)",
+    (BENCH, "make bench "): "tens of minutes of measurement on a quiet machine (speed targets "
+        "live there, not in tests); test_benchmark_floor.py checks what the year's figures "
+        "stand on",
+    (BENCH, "make bench BENCH_ARGS=--quick"): "a smoke run of every benchmark section, minutes: "
+        "run by hand before a figure is taken",
+    (BENCH, ".venv/bin/python -m benchmarks.run"): "one benchmark section at its full size, "
+        "minutes each: run by hand when its figure is taken",
+}
+"""Commands the documents show that no test runs, and why (or which test runs them)."""
 CHEAP_TARGETS = ("make lint", "make clean")
 """Targets the README names in its prose, run too. Not run: ``make screenshots`` (a 30-day demo
-and headless Chromium, minutes), ``make bench`` and ``make chaos`` (tens of minutes each)."""
+and headless Chromium, minutes), ``make bench`` and ``make chaos`` (tens of minutes each),
+``make check`` (ruff and the server-free tests, every one of which ``make test`` runs)."""
 PICKED = (
     (GUIDE, "make install"), (README, "make demo"), (GUIDE, "make dev"),
     (GUIDE, ".venv/bin/mostovik db upgrade"), (GUIDE, "env $(.venv/bin/mostovik standin"),

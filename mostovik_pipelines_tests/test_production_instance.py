@@ -88,6 +88,7 @@ RUN_STORAGE_DOWN_SECONDS = 60
 
 
 @pytest.mark.slow
+@pytest.mark.long_outage
 def test_a_run_storage_restart_under_a_live_run_is_ridden_out_and_lets_no_duplicate_in(
     postgres, pg_warehouse_url, standin_server, standin, tmp_path, monkeypatch
 ):
@@ -248,6 +249,7 @@ PAST_BUDGET_PARTITION = "2026-11-04"
 
 
 @pytest.mark.slow
+@pytest.mark.long_outage
 def test_a_run_storage_away_past_the_90_s_budget_under_a_live_run_fails_it_writing_nothing(
     pg_warehouse_url, standin_server, standin, tmp_path, monkeypatch
 ):

@@ -70,6 +70,7 @@ def test_the_daemon_waits_out_a_longer_launch_than_the_storage_outage_budget():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.long_outage
 def test_a_run_storage_outage_of_60_s_as_the_daemon_launches_a_queued_run_is_ridden_out(
         deployment):
     services, run_storage = deployment

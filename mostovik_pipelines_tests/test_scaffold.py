@@ -84,6 +84,7 @@ finally:
 """Run in the copy: the new parser and sync sources (scheduled) are in the calendar suite."""
 
 
+@pytest.mark.servers  # runs the scaffolded sources' tests on PostgreSQL
 def test_a_scaffolded_source_of_each_kind_passes_its_tests_and_the_contract(tmp_path):
     copy = _copy_of_the_repository(tmp_path / "repo")
     before = _files(copy)

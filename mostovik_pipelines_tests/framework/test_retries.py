@@ -242,6 +242,7 @@ def outage_warehouse():
 
 
 @pytest.mark.slow
+@pytest.mark.long_outage
 def test_a_warehouse_outage_of_a_minute_at_the_start_of_a_run_is_ridden_out(
     outage_warehouse, standin_server, standin, tmp_path
 ):

@@ -25,6 +25,7 @@ from pathlib import Path
 from mostovik_pipelines_tests.support.machine import (
     SERVER_USER,
     ensure_server_user,
+    refuse_server_in_quick_check,
     require_binary,
 )
 
@@ -55,6 +56,7 @@ class ThrowawayPostgres:
         subprocess.run(command, check=True, capture_output=True, text=True)
 
     def start(self) -> ThrowawayPostgres:
+        refuse_server_in_quick_check("PostgreSQL")
         self.socket_dir.mkdir(parents=True)
         pwfile = self.root / "pwfile"
         pwfile.write_text(self.password)

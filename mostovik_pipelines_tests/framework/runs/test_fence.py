@@ -150,12 +150,14 @@ def test_a_dropped_claim_connection_is_taken_again_and_no_other_run_acts_meanwhi
         Decimal("90.0000")}
 
 
+@pytest.mark.servers  # restarts a PostgreSQL of its own
 def test_a_run_storage_restart_longer_than_the_grace_is_ridden_out(tmp_path, monkeypatch):
     """The database away for everyone (a restart, a failover) is no cut: nobody can count the
     run dead meanwhile, so a write waits for the claim and goes on once it is taken again."""
     _write_through_a_restart(tmp_path, monkeypatch, "dagster_fence")
 
 
+@pytest.mark.servers  # restarts a PostgreSQL of its own
 def test_a_write_waits_for_its_claim_as_long_as_the_run_storage_budget_not_a_steps(
     tmp_path, monkeypatch
 ):
