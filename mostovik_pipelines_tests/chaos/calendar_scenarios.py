@@ -39,8 +39,8 @@ from pathlib import Path
 
 from dagster import DagsterRunStatus, RunsFilter
 
+from mostovik_pipelines.core.tags import run_partitions
 from mostovik_pipelines.framework.automation.partition_states import Outcome, partition_states
-from mostovik_pipelines.framework.runs.tags import run_partitions
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines_tests.chaos.calendar_steps import (
     CBR,

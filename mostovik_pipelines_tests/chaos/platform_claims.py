@@ -30,8 +30,8 @@ from datetime import UTC, date, datetime
 import psycopg
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
-from mostovik_pipelines.instance_storage import DEFAULT_OUTAGE_SECONDS
+from mostovik_pipelines.core.tags import PARTITION_TAG
+from mostovik_pipelines.platform.instance_storage import DEFAULT_OUTAGE_SECONDS
 from mostovik_pipelines_tests.chaos.scenarios import (
     CODES,
     _partition_state,

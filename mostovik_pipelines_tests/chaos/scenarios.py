@@ -61,8 +61,8 @@ import httpx
 import psycopg
 from dagster import DagsterEventType, DagsterRunStatus
 
+from mostovik_pipelines.core.outages import Store, budget_seconds
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
-from mostovik_pipelines.framework.outages import Store, budget_seconds
 from mostovik_pipelines.sources.cbr_daily_rates.standin import CURRENCIES, MOSCOW, effective_date
 from mostovik_pipelines_tests.chaos.environment import (
     CLI_TIMEOUT_SECONDS,

@@ -51,20 +51,20 @@ from dagster import (
     sensor,
 )
 
+from mostovik_pipelines.core.errors import SourceShapeChanged
+from mostovik_pipelines.core.settings import setting
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.framework.automation.partition_states import waiting_for_operator
-from mostovik_pipelines.framework.errors import SourceShapeChanged
 from mostovik_pipelines.framework.quality.shape import (
     CHANGE_KEY,
     FINGERPRINT_KEY,
     OUTCOME_KEY,
     SHAPE_KEY,
 )
-from mostovik_pipelines.framework.runs.status import JobStatus, record_failed
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
-from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.platform.status import JobStatus, record_failed
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
-from mostovik_pipelines.settings import setting
 
 ALERT_NOTIFIER_KEY = "alert_notifier"
 ALERT_INTERVAL_SECONDS = int(setting("MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS", "15"))

@@ -56,12 +56,12 @@ from dagster import (
     sensor,
 )
 
-from mostovik_pipelines.framework.dagster_compat import code_server_runs, run_failed_unexpectedly
+from mostovik_pipelines.core.dagster_compat import code_server_runs, run_failed_unexpectedly
+from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.framework.runs.alerts import run_failure_alert
-from mostovik_pipelines.framework.runs.status import record_failed
 from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.platform.status import record_failed
 from mostovik_pipelines.resources.notifier import AlertNotifierResource
-from mostovik_pipelines.settings import setting
 
 DEAD_RUNS_SENSOR = "dead_runs"
 INTERVAL_SECONDS = int(setting("MOSTOVIK_DEAD_RUN_SENSOR_INTERVAL_SECONDS", "10"))
@@ -94,7 +94,7 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def dead_runs(context: SensorEvaluationContext,
                   alert_notifier: AlertNotifierResource) -> SkipReason:
         # Imported here: loading the code location imports no database driver.
-        from mostovik_pipelines.framework.runs.claims import driver_claim_held
+        from mostovik_pipelines.platform.claims import driver_claim_held
 
         instance = context.instance
         watched = {job.name for job in context.repository_def.get_all_jobs()
@@ -202,6 +202,6 @@ def _status_of(instance: DagsterInstance, run_id: str) -> DagsterRunStatus | Non
 
 
 def _holds_run_claim(executor_def) -> bool:
-    from mostovik_pipelines.execution import holds_run_claim
+    from mostovik_pipelines.platform.execution import holds_run_claim
 
     return holds_run_claim(executor_def)

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
-from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
-from mostovik_pipelines.framework.runs.tracking import load_job
+from mostovik_pipelines.core.retries import RETRY_METADATA_KEY
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES, erp_work_orders
 from mostovik_pipelines.warehouse import migrate

@@ -19,7 +19,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines import cli
 from mostovik_pipelines.framework.readers import csv_export
-from mostovik_pipelines.framework.runs.status import STATUS_TAG
+from mostovik_pipelines.platform.status import STATUS_TAG
 from mostovik_pipelines.sources import material_deliveries
 from mostovik_pipelines.sources.material_deliveries import report
 from mostovik_pipelines_tests.support import delivery_reports as reports

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 
-from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.core.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.sources.material_deliveries.report import COLUMNS, parse_delivery_report
 from mostovik_pipelines_tests.support import delivery_reports as reports
 from mostovik_pipelines_tests.support.delivery_reports import Layout
