@@ -17,8 +17,10 @@ pages of 100). A scenario mixes, at random:
 * duplicate concurrent runs of one window, and re-runs after kills, which must resume.
 
 A change is stamped the way a real ERP's clock would stamp it: after the last item a window's
-checkpoint has committed, if an interrupted run left one (a change can never land before a
-cursor that was read earlier, since ``updated_at`` only grows).
+checkpoint has committed, if an interrupted run left one, and after the last item of the pages
+the window's runs landed since its last success (a killed window's next run takes those up
+instead of asking again): a change can never land before what was read earlier, since
+``updated_at`` only grows.
 
 The judge, once every window of the pool has been synced successfully by a run started after the
 last source change: the table equals the stand-in's oracle for the union of the pool's windows
@@ -50,6 +52,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 from zoneinfo import ZoneInfo
@@ -164,7 +167,8 @@ class SyncSuite:
 
     def __init__(self, workspace: Workspace, standin: StandinClient, seed: int, *,
                  windows: int = 4, records: tuple[int, int] = (300, 2000),
-                 cli_share: float = 0.3, max_steps: int = 3, log=print) -> None:
+                 cli_share: float = 0.3, max_steps: int = 3, today: date | None = None,
+                 log=print) -> None:
         self.ws = workspace
         self.standin = standin
         self.seed = seed
@@ -173,7 +177,7 @@ class SyncSuite:
         self.log = log
         self.totals = SyncTotals()
         rng = random.Random(f"{seed}:pool")
-        self.windows = pool_windows(datetime.now(MOSCOW).date(), windows)
+        self.windows = pool_windows(today or datetime.now(MOSCOW).date(), windows)
         self.bounds = {w: erp_work_orders.window_bounds(w) for w in self.windows}
         standin.reset_erp()
         standin.clear_faults()
@@ -184,6 +188,9 @@ class SyncSuite:
         """Whether a run started after the last source change has synced the window, and no
         run of it has failed since."""
         self.last_window: str | None = None
+        self.read_up_to: dict[str, datetime] = {}
+        """Per window, the last item of the pages its runs landed since its last success: what
+        a next run may take up instead of asking the source again."""
 
     def run(self, scenarios: int) -> SyncTotals:
         for number in range(1, scenarios + 1):
@@ -277,6 +284,8 @@ class SyncSuite:
         checkpoint = checkpoints.get(window)
         if checkpoint and checkpoint.last_updated_at:
             low = max(low, checkpoint.last_updated_at + timedelta(microseconds=1))
+        if window in self.read_up_to:
+            low = max(low, self.read_up_to[window] + timedelta(microseconds=1))
         span = int((end - low) / timedelta(microseconds=1))
         if span <= 1:
             return None
@@ -327,7 +336,7 @@ class SyncSuite:
             note.append(f"{'kill' if killed else 'nokill'}@{kill_point}")
         statuses = [self.ws.finish(handle, rng) for handle in handles]
         note.append("/".join(status_text(s) for s in statuses))
-        self._book(window, statuses, checkpoint, started, note)
+        self._book(window, handles, statuses, checkpoint, started, note)
         if killed and rng.random() < 0.6:
             # The operator's re-run right after the crash: it must resume.
             self._maybe_expire_tokens(rng, note)
@@ -346,16 +355,28 @@ class SyncSuite:
                   note: list[str]) -> DagsterRunStatus | None:
         checkpoint = self._checkpoints().get(window)
         started = time.time()
-        status = self.ws.finish(self._start(window, cli), rng)
-        self._book(window, [status], checkpoint, started, note)
+        handle = self._start(window, cli)
+        status = self.ws.finish(handle, rng)
+        self._book(window, [handle], [status], checkpoint, started, note)
         return status
 
-    def _book(self, window: str, statuses: list[DagsterRunStatus | None],
-              checkpoint: Checkpoint | None, started: float, note: list[str]) -> None:
+    def _book(self, window: str, handles: list[RunHandle],
+              statuses: list[DagsterRunStatus | None], checkpoint: Checkpoint | None,
+              started: float, note: list[str]) -> None:
         """The runs' outcome: the window is synced if they all succeeded, else unfinished (a
-        killed run of a duplicate pair may be the later one, leaving its checkpoint); a single
-        run of a window that held a checkpoint when it started must have resumed."""
+        killed run of a duplicate pair may be the later one, leaving its checkpoint, and what
+        they landed is read); a single run of a window that held a checkpoint when it started
+        must have resumed."""
         self.synced[window] = all(s == DagsterRunStatus.SUCCESS for s in statuses)
+        if self.synced[window]:
+            self.read_up_to.pop(window, None)
+        else:
+            landed = [moment for handle in handles
+                      for moment in self._landed_instants(handle, window)]
+            if window in self.read_up_to:
+                landed.append(self.read_up_to[window])
+            if landed:
+                self.read_up_to[window] = max(landed)
         if checkpoint is None or len(statuses) != 1:
             return  # the requests of a duplicate pair cannot be told apart
         problem = self._check_resume(window, checkpoint, started, time.time())
@@ -447,11 +468,27 @@ class SyncSuite:
             "AND partition_key = %s", (SOURCE, window)).fetchone()
         return row[0] if row and row[1] == run_id else 0
 
-    def _landed_by(self, handle: RunHandle, window: str) -> int:
+    def _landed_pages(self, handle: RunHandle, window: str) -> list[Path]:
+        """The landing records of the pages the run fetched for the window itself."""
         run_id = self.ws.run_id_of(handle)
         folder = (self.ws.data_dir / "landing" / quote(SOURCE, safe="")
                   / quote(window, safe="") / "fetches")
-        return len(list(folder.glob(f"*-{run_id}-p*.json"))) if run_id else 0
+        return list(folder.glob(f"*-{run_id}-p*.json")) if run_id else []
+
+    def _landed_by(self, handle: RunHandle, window: str) -> int:
+        return len(self._landed_pages(handle, window))
+
+    def _landed_instants(self, handle: RunHandle, window: str) -> list[datetime]:
+        """The ``updated_at`` of every item in the pages the run landed (a page whose bytes
+        a kill left unwritten holds none)."""
+        instants = []
+        for record in self._landed_pages(handle, window):
+            try:
+                page = json.loads(Path(json.loads(record.read_text())["blob_path"]).read_bytes())
+            except (OSError, ValueError, KeyError):
+                continue
+            instants += [_instant(item["updated_at"]) for item in page.get("items", [])]
+        return instants
 
     def _settle(self, rng: random.Random, notes: list[str]) -> None:
         """Sync every window not synced since the last change, one warm run at a time, until a

@@ -264,6 +264,54 @@ def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
 
 
 @pytest.mark.slow
+def test_records_in_a_killed_runs_landed_pages_changed_since_end_at_their_newest_version(
+    tmp_path, pg_warehouse_url, standin_server, erp, monkeypatch
+):
+    """kill -9 of a `dagster job execute` run while page 4 of 6 is asked for (pages 1-3 landed,
+    none committed); then the source tombstones a record those pages hold, updates a second,
+    tombstones and restores a third, stamped after the pages' last item as the ERP's clock
+    would. The re-run takes the landed pages up (asks for the pages after them only) and every
+    record ends at its newest version: its stale copy in the taken-up pages loses by version."""
+    day = "2026-11-07"
+    erp.set_erp_volume(day, 600)
+    env = {**run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url),
+           "MOSTOVIK_ERP_URL": standin_server.erp_url}
+    landing = LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
+    erp.fault("hang", route="erp", page=4, seconds=300, match=f"updated_from={day}")
+    doomed = _start_sync(day, env, tmp_path)
+    wait_for_hanging_request(erp, f"updated_from={day}")
+    [dead] = _instance_runs(env)
+    wait_until(lambda: len(landing.pages_landed_by("erp_work_orders", day, dead)) >= 3,
+               PROCESS_START_MARGIN_SECONDS, "pages 1-3 landed")
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    erp.release_hangs()
+    assert _committed_pages(pg_warehouse_url, day) is None, "nothing committed"
+    read = list(_oracle(erp, [day]).values())[:300]  # pages 1-3, in (updated_at, id) order
+    last_read = datetime.fromisoformat(read[-1]["updated_at"])
+    assert last_read < datetime.fromisoformat(_at(day, 23, 50))
+    live = [item["id"] for item in read if not item["deleted"]]
+    tombstoned, updated, restored = live[5], live[150], live[-1]
+    erp.delete_erp_work_order(tombstoned, _at(day, 23, 50))
+    erp.update_erp_work_order(updated, _at(day, 23, 51), amount="42.00")
+    erp.delete_erp_work_order(restored, _at(day, 23, 52))
+    erp.restore_erp_work_order(restored, _at(day, 23, 53), status="planned")
+
+    erp.forget_requests()
+    rerun = _start_sync(day, env, tmp_path)
+    output, _ = rerun.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
+    assert rerun.returncode == 0, output[-3000:]
+    # Pages 1-3 are taken up; the three changed records now follow them: 303 items, 4 pages.
+    assert [request["page"] for request in erp.requests("erp")] == [4, 5, 6, 7]
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    _assert_equals_source(pg_warehouse_url, erp, [day])
+    table = _table(pg_warehouse_url)
+    assert table[tombstoned]["deleted"] is True
+    assert table[updated]["amount"] == Decimal("42.00")
+    assert table[restored]["deleted"] is False and table[restored]["status"] == "planned"
+
+
+@pytest.mark.slow
 def test_a_warehouse_crash_between_the_pages_of_a_sync_is_ridden_out_to_an_exact_table(
     tmp_path, standin_server, erp, monkeypatch
 ):
