@@ -6,7 +6,7 @@ one is set).
   code location, the implicit asset job of UI asset backfills included (Dagster matches runs
   launched through the location: the UI, schedules, sensors, backfills, re-executions; a run of
   ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
-  alert, built from the job view of :mod:`.tracking` (source, period, the classified error,
+  alert, built from the job view of :mod:`.platform.tracking` (source, period, the classified error,
   and who asked for the run and why when it carries ``mostovik/requested_by`` and
   ``mostovik/reason``), unless the daemon's run retries will run it again (its retry alerts
   if it fails too); the partitions it failed for a permanent reason are named as waiting for
