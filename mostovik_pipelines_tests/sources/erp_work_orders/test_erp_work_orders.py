@@ -19,10 +19,14 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
 from mostovik_pipelines.core.retries import RETRY_METADATA_KEY
+from mostovik_pipelines.framework.automation.partition_states import partition_states
+from mostovik_pipelines.framework.spec import JobType
+from mostovik_pipelines.framework.steps.sync_progress import settle_moment
 from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES, erp_work_orders
 from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.support.fake_clock import fake_clock_environment
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import (
     ThrowawayPostgres,
@@ -312,6 +316,72 @@ def test_records_in_a_killed_runs_landed_pages_changed_since_end_at_their_newest
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("left", ["landed", "committed"])
+def test_a_run_after_the_window_settled_re_reads_pages_fetched_before_it(
+    left, tmp_path, pg_warehouse_url, standin_server, erp, monkeypatch
+):
+    """The window's 12:05 sync (a `dagster job execute` run on a fake clock) is killed with
+    pages 1-3 of 6 landed (or committed). Then the ERP makes changes visible late, stamped
+    inside those pages' range (a record of page 1 updated into page 3's, another tombstoned
+    into page 2's). The run after the window settled (close + settle time; the real clock,
+    weeks later) takes none of those pages up, says so, asks for every page again, and the
+    table equals the source: the late changes are in, and the window recorded final is."""
+    day = "2026-11-11"
+    erp.set_erp_volume(day, 600)
+    env = {**run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url),
+           "MOSTOVIK_ERP_URL": standin_server.erp_url}
+    hourly = {**env, **fake_clock_environment(datetime.fromisoformat(_at(day, 12, 5)), env)}
+    landing = LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
+    if left == "committed":
+        hourly["MOSTOVIK_ERP_ROWS_PER_COMMIT"] = "100"  # a commit per page
+        with _page_commit_held(pg_warehouse_url, 4):  # killed with pages 1-3 committed
+            doomed = _start_sync(day, hourly, tmp_path)
+            wait_until(lambda: _a_commit_waits_for_the_hold(pg_warehouse_url, doomed),
+                       PROCESS_START_MARGIN_SECONDS + 120, "page 4's commit held")
+            os.killpg(doomed.pid, signal.SIGKILL)
+            doomed.wait()
+        assert _committed_pages(pg_warehouse_url, day) == 3
+    else:
+        erp.fault("hang", route="erp", page=4, seconds=300, match=f"updated_from={day}")
+        doomed = _start_sync(day, hourly, tmp_path)
+        wait_for_hanging_request(erp, f"updated_from={day}")
+        [dead] = _instance_runs(env)
+        wait_until(lambda: len(landing.pages_landed_by("erp_work_orders", day, dead)) >= 3,
+                   PROCESS_START_MARGIN_SECONDS, "pages 1-3 landed")
+        os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait()
+        erp.release_hangs()
+        assert _committed_pages(pg_warehouse_url, day) is None, "nothing committed"
+    [dead] = _instance_runs(env)
+    fetched = landing.pages_landed_by("erp_work_orders", day, dead)
+    assert [page.page for page in fetched][:3] == [1, 2, 3]
+    assert all(page.fetched_at < datetime.fromisoformat(_at(day, 13)) for page in fetched)
+    read = list(_oracle(erp, [day]).values())[:300]  # pages 1-3, in (updated_at, id) order
+    live = [item["id"] for item in read[:100] if not item["deleted"]]
+    updated, tombstoned = live[10], live[20]
+    erp.update_erp_work_order(updated, _between(read[200], read[299]), amount="42.00")
+    erp.delete_erp_work_order(tombstoned, _between(read[100], read[199]))
+
+    erp.forget_requests()
+    rerun = _start_sync(day, env, tmp_path)
+    output, _ = rerun.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
+    assert rerun.returncode == 0, output[-3000:]
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    _assert_equals_source(pg_warehouse_url, erp, [day])
+    table = _table(pg_warehouse_url)
+    assert table[updated]["amount"] == Decimal("42.00")
+    assert table[tombstoned]["deleted"] is True
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        state = partition_states(instance, erp_work_orders.SOURCE, [day],
+                                 runs_since=datetime.fromisoformat(_at(day, 0)))[day]
+    assert state.final, "the window read whole after it settled is final"
+    assert [request["page"] for request in erp.requests("erp")] == list(range(1, 7))
+    said = ("not resuming after page 3 committed by run" if left == "committed"
+            else "not taking up pages 1-3 landed by run")
+    assert f"erp_work_orders [{day}]: {said} {dead}" in output, output[-3000:]
+
+
+@pytest.mark.slow
 def test_a_warehouse_crash_between_the_pages_of_a_sync_is_ridden_out_to_an_exact_table(
     tmp_path, standin_server, erp, monkeypatch
 ):
@@ -350,6 +420,12 @@ def test_a_warehouse_crash_between_the_pages_of_a_sync_is_ridden_out_to_an_exact
         _assert_equals_source(warehouse.url(), erp, [day])
     finally:
         warehouse.stop()
+
+
+def _between(earlier: dict, later: dict) -> str:
+    """The instant halfway between two items' ``updated_at``."""
+    start = datetime.fromisoformat(earlier["updated_at"])
+    return (start + (datetime.fromisoformat(later["updated_at"]) - start) / 2).isoformat()
 
 
 HOLD_LOCK_KEY = 4_242_004
@@ -416,3 +492,16 @@ def test_the_window_is_moscow_time_by_default():
     start, end = erp_work_orders.window_bounds("2026-11-03")
     assert start.utcoffset() == timedelta(hours=3)
     assert (end - start) == timedelta(days=1)
+
+
+def test_a_window_settles_at_its_close_plus_the_settle_time_and_only_a_sync_with_one_does():
+    """What fetched before it a run after it reads again (``steps/sync_progress.py``): the ERP's
+    window of 2026-11-11 settles at 00:05 Moscow time the next day; a sync without a settle time
+    and a parser have no such moment (what they fetched stays true)."""
+    assert settle_moment(erp_work_orders.SOURCE, "2026-11-11") == datetime(
+        2026, 11, 12, 0, 5, tzinfo=MOSCOW)
+    no_settle = dataclasses.replace(erp_work_orders.SOURCE, catch_up=dataclasses.replace(
+        erp_work_orders.SOURCE.catch_up, settle=timedelta(0)))
+    assert settle_moment(no_settle, "2026-11-11") is None
+    parser = next(spec for spec in ALL_SOURCES if spec.job_type is JobType.PARSER)
+    assert settle_moment(parser, "2026-11-11") is None
