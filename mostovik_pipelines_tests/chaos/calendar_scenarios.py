@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from mostovik_pipelines.core.tags import run_partitions
 from mostovik_pipelines.framework.automation.partition_states import partition_states
-from mostovik_pipelines.framework.runs.tags import run_partitions
 from mostovik_pipelines.standin import StandinClient, StandinServer
 from mostovik_pipelines_tests.chaos.calendar_judge import CalendarJudge
 from mostovik_pipelines_tests.chaos.calendar_steps import (

@@ -55,8 +55,8 @@ from dagster import (
 )
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
+from mostovik_pipelines.core.tags import PARTITION_TAG
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
 from mostovik_pipelines.sources import material_deliveries
 from mostovik_pipelines_tests.chaos.file_drops import SOURCE, TABLE, FileDrops, ReportFile

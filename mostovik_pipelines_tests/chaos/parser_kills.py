@@ -24,8 +24,8 @@ import time
 import psycopg
 from dagster import DagsterEventType, DagsterRunStatus
 
+from mostovik_pipelines.core.outages import Store, budget_seconds
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
-from mostovik_pipelines.framework.outages import Store, budget_seconds
 from mostovik_pipelines_tests.chaos.environment import (
     SOURCE,
 )

@@ -53,8 +53,8 @@ import httpx
 import yaml
 from dagster import DagsterEventType
 
-from mostovik_pipelines.framework.outages import Store, setting_of
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.core.outages import Store, setting_of
+from mostovik_pipelines.core.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
 from mostovik_pipelines_tests.chaos.parser_judge import duplicated_keys
 from mostovik_pipelines_tests.chaos.parser_source import CODES, partition_pool, random_rate

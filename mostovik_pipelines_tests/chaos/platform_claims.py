@@ -30,8 +30,8 @@ from datetime import UTC, date, datetime
 import psycopg
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
-from mostovik_pipelines.instance_storage import DEFAULT_OUTAGE_SECONDS
+from mostovik_pipelines.core.tags import PARTITION_TAG
+from mostovik_pipelines.platform.instance_storage import DEFAULT_OUTAGE_SECONDS
 from mostovik_pipelines_tests.chaos.parser_judge import duplicated_keys, partition_state
 from mostovik_pipelines_tests.chaos.parser_source import CODES, random_rate
 from mostovik_pipelines_tests.support.postgres import PartitionableLink, cut_claim_connections

@@ -45,8 +45,8 @@ from dagster import (
     DagsterRunStatus,
 )
 
+from mostovik_pipelines.core.retries import RetryPolicy
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
-from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines.standin import StandinClient, StandinServer

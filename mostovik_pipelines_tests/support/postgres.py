@@ -145,7 +145,7 @@ def cut_claim_connections(observer, port: int, run_id: str | None = None) -> lis
     parameters: tuple = ()
     if run_id is not None:
         # Imported here: the servers' support stays free of the package (the benchmarks use it).
-        from mostovik_pipelines.framework.runs.claims import _lock_key
+        from mostovik_pipelines.platform.claims import _lock_key
 
         # pg_locks shows a bigint advisory key as its high and low 32 bits, objsubid 1.
         key = _lock_key(run_id) & 0xFFFF_FFFF_FFFF_FFFF

@@ -9,19 +9,19 @@ from datetime import UTC, datetime
 
 from dagster import DagsterEventType, DagsterRunStatus, OpExecutionContext, RunsFilter
 
+from mostovik_pipelines.core.errors import (
+    ConfigurationError,
+    PageCursorExpired,
+    PermanentError,
+)
+from mostovik_pipelines.core.retries import NO_RETRY, StepContext
+from mostovik_pipelines.core.tags import PARTITION_TAG
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
     WAREHOUSE_KEY,
     source_resource_key,
 )
 from mostovik_pipelines.framework.assets.stored_payload import stored_payload_hashes
-from mostovik_pipelines.framework.errors import (
-    ConfigurationError,
-    PageCursorExpired,
-    PermanentError,
-)
-from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.framework.spec import ExtractRequest, PageCursor, RawPayload, SourceSpec
 from mostovik_pipelines.framework.steps.lifecycle import (
     fail_or_set_aside,

@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
 )
 
+from mostovik_pipelines.core.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.framework.load.lock import partition_lock_keys
 from mostovik_pipelines.framework.load.partition import (
     KeptRows,
@@ -32,7 +33,6 @@ from mostovik_pipelines.framework.load.partition import (
     load_partition,
 )
 from mostovik_pipelines.framework.load.transfer import arrow_rows
-from mostovik_pipelines.framework.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
 from mostovik_pipelines.warehouse.schema import warehouse_table

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from sqlalchemy import CHAR, REAL, Column, Date, Float, Integer, MetaData, String
 
+from mostovik_pipelines.core.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.framework.load.ledger import forget_digests
 from mostovik_pipelines.framework.load.partition import load_partition
-from mostovik_pipelines.framework.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse import migrate
 from mostovik_pipelines.warehouse.schema import warehouse_table

@@ -13,7 +13,7 @@ from decimal import Decimal
 import psycopg
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
-from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
+from mostovik_pipelines.core.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.sources import erp_work_orders
 from mostovik_pipelines_tests.support.postgres import backend_waiting_on_a_lock, dsn_of
 from mostovik_pipelines_tests.support.processes import DAGSTER

@@ -15,9 +15,9 @@ import pytest
 from dagster import DagsterInstance
 
 from mostovik_pipelines.framework.automation.partition_states import partition_states
-from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.framework.spec import JobType
 from mostovik_pipelines.framework.steps.sync_progress import settle_moment
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES, erp_work_orders
 from mostovik_pipelines.warehouse import migrate

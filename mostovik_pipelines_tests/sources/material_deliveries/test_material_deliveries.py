@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines import cli
-from mostovik_pipelines.framework.runs.status import STATUS_TAG
+from mostovik_pipelines.platform.status import STATUS_TAG
 from mostovik_pipelines.sources import material_deliveries
 from mostovik_pipelines_tests.sources.material_deliveries.report_files import (
     MAX_FILE_BYTES,

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pytest
 
-from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.core.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.framework.readers import csv_export
 from mostovik_pipelines.sources.material_deliveries import report
 from mostovik_pipelines.sources.material_deliveries.report import COLUMNS, parse_delivery_report
