@@ -1,9 +1,8 @@
 # Every target sets itself up on a fresh machine: it creates .venv and installs what it needs.
 # The interpreter of .venv: Debian's python3.11 where it is installed with its venv module, else
 # the first python3.11 on PATH. Debian builds it with profile-guided and link-time optimisation, a
-# build from source (pyenv's) has neither: a `dagster job execute` of one partition takes 2.07 s
-# against 2.40 s, importing the code location 0.64 s against 0.77 s, and the test suite starts
-# about 150 such processes. An existing .venv is kept; `rm -rf .venv` to re-create it.
+# build from source (pyenv's) has neither, and the test suite starts about 150 Dagster processes
+# (the figures: docs/testing.md, Timings). An existing .venv is kept; `rm -rf .venv` to re-create it.
 SYSTEM_PYTHON := /usr/bin/python3.11
 PYTHON ?= $(shell $(SYSTEM_PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 \
                   && echo $(SYSTEM_PYTHON) || echo python3.11)
@@ -11,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: install install-dev demo dev test system-deps bench chaos lint clean screenshots
+.PHONY: install install-dev demo dev test check system-deps bench chaos lint clean screenshots
 
 # The package and what it runs with (enough for make demo and make dev).
 $(BIN)/mostovik: pyproject.toml
@@ -42,14 +41,20 @@ dev: install
 
 ## The test suite, whole modules spread over TEST_WORKERS processes (each starts the throw-away
 ## PostgreSQL and Redis servers its tests need). Four on two cores: the webserver, daemon, Celery
-## and outage tests spend much of their time waiting on daemons, workers and restarts, and more
-## processes use it (a clean clone: 384.65 s with four, 411.42 s with three, one after the
-## other on a quiet machine; with the fake-clock daemon tests, 687 s with four, 861 s with
-## five; with the 60 s outages, the dead-run, re-run, code server, metrics and object-store
-## tests, 1123 s of pytest with four, 803 tests). TEST_WORKERS=0 runs it in this process.
+## and outage tests spend much of their time waiting on daemons, workers and restarts. The cases
+## of the 60 s outages and past a budget are make chaos's (marker long_outage). Its wall time,
+## with its command and date: docs/testing.md. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 4
 test: install-dev system-deps
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m 'not long_outage' $(PYTEST_ARGS)
+
+## The developer's quick loop, no servers: ruff, then the tests that start no PostgreSQL, Redis,
+## S3 API server or Dagster process (the layering test among them); conftest marks the others
+## `servers` and a test that starts one here fails, naming the marker.
+check: install-dev
+	$(BIN)/ruff check mostovik_pipelines mostovik_pipelines_tests
+	MOSTOVIK_TESTS_NO_SERVERS=1 $(BIN)/python -m pytest -n 4 -m 'not servers' -q $(PYTEST_ARGS)
 
 ## What the test servers need on this machine, once, before any test worker starts: the Debian
 ## packages postgresql, redis-server and faketime (installed with apt when run as root; otherwise named)

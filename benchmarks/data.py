@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 from sqlalchemy import Column, Date, Float, Integer, MetaData, String, Table
 
-from mostovik_pipelines.framework.load_target import LoadMode, LoadTarget
+from mostovik_pipelines.core.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal
 

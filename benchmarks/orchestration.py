@@ -44,7 +44,7 @@ PRODUCTION_INSTANCE = """telemetry:
   enabled: false
 storage:
   custom:
-    module: mostovik_pipelines.instance_storage
+    module: mostovik_pipelines.platform.instance_storage
     class: PooledPostgresStorage
     config:
       postgres_db:

@@ -36,7 +36,7 @@ CHECKS = ("natural_key_unique", "rows_in_partition", "quarantine_share", "source
           "source_check")
 """As many partitioned checks as ``cbr_daily_rates`` has (the framework's three, the shape of
 what the source sent, the source's own): one result of each per partition
-(``mostovik_pipelines_tests/test_benchmark_floor.py`` keeps the count equal)."""
+(``mostovik_pipelines_tests/tooling/test_benchmark_floor.py`` keeps the count equal)."""
 YEAR_PARTITIONS = DailyPartitionsDefinition(start_date="2020-01-01", timezone="Europe/Moscow")
 
 

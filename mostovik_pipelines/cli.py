@@ -13,7 +13,12 @@ from collections.abc import Sequence
 
 import click
 
-from mostovik_pipelines.local_runs import (
+from mostovik_pipelines.core.settings import resolved_database_url
+from mostovik_pipelines.metrics.command import metrics
+from mostovik_pipelines.operator.commands import jobs
+from mostovik_pipelines.operator.console import fail as _fail
+from mostovik_pipelines.operator.console import instance_of_home as _instance
+from mostovik_pipelines.operator.local_runs import (
     EXIT_JOB_FAILED,
     EXIT_USAGE,
     run_in_process,
@@ -22,13 +27,8 @@ from mostovik_pipelines.local_runs import (
     summary_lines,
     summary_width,
 )
-from mostovik_pipelines.metrics.command import metrics
-from mostovik_pipelines.operator.commands import jobs
-from mostovik_pipelines.operator.console import fail as _fail
-from mostovik_pipelines.operator.console import instance_of_home as _instance
 from mostovik_pipelines.operator.tracker import tracker
 from mostovik_pipelines.operator.verify import verify
-from mostovik_pipelines.settings import resolved_database_url
 
 
 @click.group()
@@ -136,8 +136,9 @@ def materialize(source: str, partitions: Sequence[str], last: int | None) -> Non
               help="The newest N daily windows of each sync source.")
 def demo(days: int, sync_days: int) -> None:
     """Every kind of job once, on the stand-in and the local warehouse: the newest days of each
-    HTTP source, and sample delivery reports through the inbox sensor (mostovik_pipelines.demo)."""
-    from mostovik_pipelines.demo import run_demo
+    HTTP source, and sample delivery reports through the inbox sensor
+    (mostovik_pipelines.operator.demo)."""
+    from mostovik_pipelines.operator.demo import run_demo
 
     sys.exit(run_demo(days, sync_days))
 
@@ -146,7 +147,7 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
     from dagster import DagsterInstance
 
     from mostovik_pipelines.definitions import defs
-    from mostovik_pipelines.framework.runs.tracking import JobStatus
+    from mostovik_pipelines.platform.tracking import JobStatus
     from mostovik_pipelines.sources import ALL_SOURCES
 
     specs = {spec.name: spec for spec in ALL_SOURCES}
@@ -181,11 +182,11 @@ def _materialize(source: str, partitions: list[str], last: int | None) -> int:
 def prune(dry_run: bool) -> None:
     """Apply the retention policy now, as the daily prune_storage_job does: old op outputs,
     landed payloads and runs (README, "Retention"); prints what it removes per store."""
+    from mostovik_pipelines.core.errors import ConfigurationError
+    from mostovik_pipelines.core.settings import landing_dir, storage_dir
     from mostovik_pipelines.definitions import defs
-    from mostovik_pipelines.framework.errors import ConfigurationError
     from mostovik_pipelines.maintenance.prune import prune as prune_stores
     from mostovik_pipelines.resources.stores import store_path
-    from mostovik_pipelines.settings import landing_dir, storage_dir
 
     try:
         report = prune_stores(

@@ -9,7 +9,13 @@ from typing import Any
 
 from dagster import Definitions
 
-from mostovik_pipelines.execution import executor_from_environment
+from mostovik_pipelines.core.settings import (
+    alert_webhook_setting,
+    database_url_setting,
+    landing_dir,
+    setting,
+    storage_dir,
+)
 from mostovik_pipelines.framework.assets.factory import build_source_definitions
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
@@ -23,16 +29,10 @@ from mostovik_pipelines.framework.runs.dead_runs import dead_runs_sensor
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.framework.verification.check import verification_check_key
 from mostovik_pipelines.maintenance.job import maintenance_definitions
+from mostovik_pipelines.platform.execution import executor_from_environment
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.notifier import AlertNotifierResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
-from mostovik_pipelines.settings import (
-    alert_webhook_setting,
-    database_url_setting,
-    landing_dir,
-    setting,
-    storage_dir,
-)
 from mostovik_pipelines.sources import ALL_SOURCES
 
 

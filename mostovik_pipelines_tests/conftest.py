@@ -4,6 +4,7 @@ to both. Every test gets a database of its own, cloned from a migrated template.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,33 +28,77 @@ from mostovik_pipelines_tests.support.redis import ThrowawayRedis
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver
 
-LONGEST_FIRST = ("test_chaos_calendar.py", "test_calendar_parser_daemon.py",
-                 "test_dead_runs.py", "test_dead_runs_on_the_code_server.py",
-                 "test_rerun_killed_on_celery.py", "test_rerun_range.py",
-                 "test_docs_commands_run.py",
+LONGEST_FIRST = ("test_calendar_parser_daemon.py", "test_chaos_platform.py",
+                 "test_chaos_calendar.py", "test_dead_runs.py",
+                 "test_rerun_range.py", "test_signals_truth.py",
+                 "test_dead_runs_on_the_code_server.py", "test_rerun_killed_on_celery.py",
+                 "test_docs_commands_run.py", "test_chaos_sync_and_files.py",
                  "test_docs_operator_commands_run.py", "test_runbook.py",
                  "test_daemon_continuation_and_monitoring.py",
                  "test_celery_deployment.py", "test_calendar_sync_daemon.py",
-                 "test_chaos_platform.py", "test_object_store_faults.py", "test_webserver.py",
-                 "test_production_instance.py", "test_code_server_deployment.py",
+                 "test_recovery_after_prune.py", "test_prune_killed.py",
+                 "test_object_store_faults.py", "test_webserver.py",
+                 "test_code_server_deployment.py",
                  "test_inbox_on_s3_deployment.py", "test_prometheus_scrape.py",
                  "test_erp_work_orders.py", "test_chaos.py", "test_recovery.py", "test_cli.py",
                  "test_prune.py", "test_verify.py", "test_tracker_rebuild.py",
                  "test_scheduled_verification.py", "test_verification_schedule_ticks.py",
-                 "test_fence_processes.py",
-                 "test_rerun_on_celery.py",
+                 "test_fence_processes.py", "test_production_instance.py",
+                 "test_prune_on_s3.py", "test_rerun_on_celery.py",
                  "test_stores_on_s3.py", "test_celery_deployment_on_s3.py", "test_bad_input.py",
-                 "test_chaos_sync_and_files.py", "test_retries.py", "test_locking.py",
+                 "test_retries.py", "test_locking.py",
                  "test_inbox_daemon.py", "test_tracking.py", "test_security.py",
                  "test_material_deliveries.py", "test_fake_clock.py")
 """Test modules of 30 s or more (summed ``--durations=0`` of a whole ``make test``; the daemon,
 re-run, code server, metrics and object-store modules by their own runs), longest first.
 ``make test`` hands whole modules to its workers in this order (``--dist loadfile
 --no-loadscope-reorder``: xdist would otherwise order modules by their number of tests); started
-first, the long ones do not end up alone at the tail while the other workers idle."""
+first, the long ones do not end up alone at the tail while the other workers idle. The signals
+truth test starts in the second wave, not beside the three other fake-clock daemon modules: its
+operator's re-run is held in flight by a 30 s fetch timeout, which that contention outlasted."""
+
+
+SERVER_FIXTURES = frozenset({"postgres", "redis_server", "s3", "production_home", "calendar"})
+"""Fixtures that start PostgreSQL, Redis or an S3 API server (directly or through another)."""
+SERVER_MARKERS = frozenset({"postgres", "slow", "long_outage"})
+SERVER_STARTS = ("ThrowawayPostgres(", "ThrowawayRedis(", "S3ApiServer(", "s3_in_environment(",
+                 "mounted_buckets(", "S3Front(", "subprocess.", "start_job_execute(")
+"""What a test or one of its fixtures calls when it starts a server or a Dagster process."""
+
+
+def _starts_servers(function) -> bool:
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(start in source for start in SERVER_STARTS)
+
+
+def needs_servers(item: pytest.Item) -> bool:
+    """Whether a test starts a server or a real Dagster process: by its markers, the fixtures
+    it asks for, what it or one of its fixtures calls, or a backend parameter
+    (``warehouse_url``'s and ``dagster_home``'s ``postgresql``)."""
+    if SERVER_MARKERS & {mark.name for mark in item.iter_markers()}:
+        return True
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "postgresql" in callspec.params.values():
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    fixtures = [definition.func for definitions in (info.name2fixturedefs.values() if info else ())
+                for definition in definitions]
+    return any(_starts_servers(function)
+               for function in [getattr(item, "function", None), *fixtures])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test that needs servers ``servers`` (``make check`` runs the others), and
+    orders the modules longest first."""
+    for item in items:
+        if needs_servers(item):
+            item.add_marker(pytest.mark.servers)
+
     def rank(item: pytest.Item) -> int:
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from mostovik_pipelines.demo import SAMPLE_FILES
-from mostovik_pipelines.local_runs import SUMMARY_FIGURES
+from mostovik_pipelines.operator.demo import SAMPLE_FILES
+from mostovik_pipelines.operator.local_runs import SUMMARY_FIGURES
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.sources.cbr_metal_prices.standin import is_working_day
 from mostovik_pipelines.warehouse.migrate import head_revision

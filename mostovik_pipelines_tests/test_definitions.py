@@ -52,7 +52,7 @@ def test_the_schedule_asks_for_tomorrow_and_every_day_of_its_lookback_not_loaded
 
     from dagster import build_schedule_context, instance_for_test
 
-    from mostovik_pipelines.framework.runs.tags import (
+    from mostovik_pipelines.core.tags import (
         RANGE_END_TAG,
         RANGE_START_TAG,
         REQUESTED_BECAUSE_TAG,

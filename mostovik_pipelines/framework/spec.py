@@ -20,15 +20,15 @@ from dagster import (
 )
 from sqlalchemy import Connection, Date, String, Table, UniqueConstraint
 
+from mostovik_pipelines.core.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
+from mostovik_pipelines.core.retries import RetryPolicy
 from mostovik_pipelines.framework.automation.policy import CatchUpPolicy, PeriodDeadline
-from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.framework.quality.shape import (
     AddedFieldPolicy,
     ObservedShape,
     ShapeReport,
     SourceShape,
 )
-from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ last holder removes the file as it lets go, but a process killed with ``kill -9`
 machine) never lets go, so its file stays, one per killed run, forever. The kernel released the
 lock with the process, so a file nobody holds a lock on belongs to no live process: the prune
 removes it once it is older than the grace, taking the lock exclusively first and removing the
-file while it holds it, the way a last holder does (``framework/runs/claims.py``). A live run's
+file while it holds it, the way a last holder does (``platform/claims.py``). A live run's
 file is locked by its holders and is never touched; one written within the grace (a run that is
 just taking it) is left alone whatever its lock says.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
-from mostovik_pipelines.framework.runs.claims import claim_files_dir
 from mostovik_pipelines.maintenance.policy import CLAIM_FILES, Removal, RetentionPolicy
+from mostovik_pipelines.platform.claims import claim_files_dir
 
 
 def dead_claim_files(instance: DagsterInstance, policy: RetentionPolicy,

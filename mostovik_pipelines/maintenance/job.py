@@ -34,7 +34,7 @@ def maintenance_definitions(check_keys: Sequence[AssetCheckKey]) -> Definitions:
     def prune_storage(context: OpExecutionContext) -> None:
         from dagster import MetadataValue
 
-        from mostovik_pipelines.framework.dagster_compat import EngineEventData
+        from mostovik_pipelines.core.dagster_compat import EngineEventData
         from mostovik_pipelines.maintenance.policy import RUNS
         from mostovik_pipelines.maintenance.prune import prune
         from mostovik_pipelines.resources.stores import store_path

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from mostovik_pipelines.framework.errors import ConfigurationError
-from mostovik_pipelines.settings import (
+from mostovik_pipelines.core.errors import ConfigurationError
+from mostovik_pipelines.core.settings import (
     KEEP_FAILED_RUN_OUTPUTS_ENV,
     KEEP_LANDED_ENV,
     KEEP_RUNS_ENV,

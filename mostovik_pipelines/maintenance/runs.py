@@ -25,8 +25,8 @@ from dagster import (
     RunRecord,
 )
 
-from mostovik_pipelines.framework.dagster_compat import run_event_log_dir
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.core.dagster_compat import run_event_log_dir
+from mostovik_pipelines.core.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.maintenance.policy import (
     EVENT_LOG_FILES,
     RUNS,

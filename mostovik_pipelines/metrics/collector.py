@@ -43,13 +43,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import create_engine, func, select
 
+from mostovik_pipelines.core.tags import SOURCE_TAG
 from mostovik_pipelines.framework.automation.deadlines import deadline_state
 from mostovik_pipelines.framework.automation.partition_states import Outcome, partition_states
-from mostovik_pipelines.framework.runs.status import JobStatus, recorded
-from mostovik_pipelines.framework.runs.tags import SOURCE_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.maintenance.job import PRUNE_JOB, PRUNED_BYTES_PREFIX
 from mostovik_pipelines.maintenance.policy import STORES
+from mostovik_pipelines.platform.status import JobStatus, recorded
 from mostovik_pipelines.resources.alert_outbox import pending_count, sent_count
 from mostovik_pipelines.warehouse.schema import partition_loads
 

@@ -21,8 +21,8 @@ def metrics(host: str, port: int, cache_seconds: float | None) -> None:
     from dagster import DagsterInstance
     from prometheus_client import CollectorRegistry, start_http_server
 
+    from mostovik_pipelines.core.settings import resolved_database_url
     from mostovik_pipelines.metrics.collector import CACHE_SECONDS, PipelineCollector
-    from mostovik_pipelines.settings import resolved_database_url
     from mostovik_pipelines.sources import ALL_SOURCES
 
     stopped = threading.Event()

@@ -53,7 +53,7 @@ def jobs_list(source, job_type, status, period_from, period_to, since, limit, st
     from datetime import UTC
 
     from mostovik_pipelines.framework.automation.partition_states import waiting_for_operator
-    from mostovik_pipelines.framework.runs.tracking import JobStatus, list_jobs, stuck_jobs
+    from mostovik_pipelines.platform.tracking import JobStatus, list_jobs, stuck_jobs
     from mostovik_pipelines.sources import ALL_SOURCES
 
     known_source(source)
@@ -148,7 +148,7 @@ def _with_recorded_loads(instance, found, source, job_type, period_from, period_
 @click.option("--json", "as_json", is_flag=True)
 def jobs_show(run_id: str, as_json: bool) -> None:
     """Everything about one job: status, figures, attempts, context, errors."""
-    from mostovik_pipelines.framework.runs.tracking import JobNotFound, load_job
+    from mostovik_pipelines.platform.tracking import JobNotFound, load_job
     from mostovik_pipelines.sources import ALL_SOURCES
 
     try:

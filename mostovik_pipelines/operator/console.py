@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from mostovik_pipelines.local_runs import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
+from mostovik_pipelines.operator.local_runs import EXIT_JOB_FAILED, EXIT_NOT_FOUND, EXIT_USAGE
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance

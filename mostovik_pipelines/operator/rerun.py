@@ -122,12 +122,12 @@ def _rerun_range(sources: Sequence[str], first: str | None, last: str | None, on
 
 def _rerun_one(run_id: str | None, source: str | None, period: str | None, full_resync: bool,
                tags: dict[str, str], wait: bool) -> None:
-    from mostovik_pipelines.framework.runs.recovery import (
+    from mostovik_pipelines.operator.submission import follow_run
+    from mostovik_pipelines.platform.recovery import (
         queue_rerun_from_failure,
         queue_rerun_partition,
     )
-    from mostovik_pipelines.framework.runs.tracking import JobNotFound, JobStatus, load_job
-    from mostovik_pipelines.operator.submission import follow_run
+    from mostovik_pipelines.platform.tracking import JobNotFound, JobStatus, load_job
     from mostovik_pipelines.sources import ALL_SOURCES
 
     instance = instance_of_home()

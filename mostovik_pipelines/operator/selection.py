@@ -29,15 +29,15 @@ from datetime import UTC, datetime, timedelta
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, TimeWindowPartitionsDefinition
 
+from mostovik_pipelines.core.dagster_compat import (
+    AssetCheckExecutionRecordStatus,
+    BulkActionsFilter,
+    BulkActionStatus,
+)
 from mostovik_pipelines.framework.automation.partition_states import (
     Outcome,
     PartitionState,
     partition_states,
-)
-from mostovik_pipelines.framework.dagster_compat import (
-    AssetCheckExecutionRecordStatus,
-    BulkActionsFilter,
-    BulkActionStatus,
 )
 from mostovik_pipelines.framework.spec import SourceSpec
 

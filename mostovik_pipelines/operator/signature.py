@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import getpass
 
-from mostovik_pipelines.framework.runs.tags import LAUNCHED_BY_TAG, REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.core.tags import LAUNCHED_BY_TAG, REASON_TAG, REQUESTED_BY_TAG
 
 LAUNCHED_BY_RERUN = "mostovik jobs rerun"
 

@@ -16,14 +16,14 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from mostovik_pipelines.resources.inbox import InboxResource
-from mostovik_pipelines.resources.stores import is_object_store, store_path, write_whole
-from mostovik_pipelines.settings import (
+from mostovik_pipelines.core.settings import (
     LANDING_DIR_ENV,
     STORAGE_DIR_ENV,
     landing_dir,
     storage_dir,
 )
+from mostovik_pipelines.resources.inbox import InboxResource
+from mostovik_pipelines.resources.stores import is_object_store, store_path, write_whole
 from mostovik_pipelines.sources import ALL_SOURCES
 
 PROBE = b"mostovik stores check"

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.framework.dagster_compat import (
+from mostovik_pipelines.core.dagster_compat import (
     AUTO_RETRY_RUN_ID_TAG,
     BulkActionStatus,
     PartitionBackfill,
 )
-from mostovik_pipelines.framework.runs.tags import run_partitions
+from mostovik_pipelines.core.tags import run_partitions
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.operator.selection import SourcePlan
 

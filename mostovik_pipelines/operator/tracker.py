@@ -27,8 +27,8 @@ def rebuild(source: str | None, dry_run: bool) -> None:
     loaded (DAGSTER_HOME: the instance; MOSTOVIK_DATABASE_URL: the warehouse)."""
     from sqlalchemy import create_engine
 
+    from mostovik_pipelines.core.settings import resolved_database_url
     from mostovik_pipelines.framework.runs.rebuild import rebuild_tracker
-    from mostovik_pipelines.settings import resolved_database_url
     from mostovik_pipelines.sources import ALL_SOURCES
 
     known_source(source)

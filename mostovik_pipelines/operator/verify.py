@@ -32,10 +32,10 @@ def verify(source: str, first: str, last: str, against: str, as_json: bool) -> N
     source value), rows the source still sends that a load quarantines. Writes nothing."""
     from sqlalchemy import create_engine
 
+    from mostovik_pipelines.core.settings import landing_dir, resolved_database_url
     from mostovik_pipelines.framework.verification.verify import verify_partition
     from mostovik_pipelines.operator.selection import RangeRefused, range_keys
     from mostovik_pipelines.resources import LandingStoreResource
-    from mostovik_pipelines.settings import landing_dir, resolved_database_url
     from mostovik_pipelines.sources import ALL_SOURCES
 
     known_source(source)

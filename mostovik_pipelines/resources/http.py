@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
-from mostovik_pipelines.framework.errors import (
+from mostovik_pipelines.core.errors import (
     ConfigurationError,
     SourceRateLimited,
     SourceRequestRejected,

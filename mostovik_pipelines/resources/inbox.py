@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dagster import ConfigurableResource
 
-from mostovik_pipelines.framework.errors import (
+from mostovik_pipelines.core.errors import (
     ConfigurationError,
     DataValidationError,
     PermanentError,

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 
 from fsspec.asyn import sync
 
-from mostovik_pipelines.framework.errors import DataValidationError
+from mostovik_pipelines.core.errors import DataValidationError
 from mostovik_pipelines.resources.stores import store_path
 
 UPLOADED_AT_KEY = "uploaded-at"

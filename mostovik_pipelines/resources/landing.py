@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 from dagster import ConfigurableResource
 
-from mostovik_pipelines.framework.errors import PermanentError
+from mostovik_pipelines.core.errors import PermanentError
 from mostovik_pipelines.resources.stores import StorePath, store_path, write_whole
 
 
@@ -70,9 +70,9 @@ class LandingStoreResource(ConfigurableResource):
     ) -> LandedPayload:
         """Keep ``content`` and record the fetch; identical content is stored once.
         ``durable=False`` skips flushing it to disk (a sync's page). A run that lost its claim
-        lands nothing (:func:`.runs.claims.ensure_run_claim`)."""
+        lands nothing (:func:`.platform.claims.ensure_run_claim`)."""
         # Imported here: the claims bring psycopg, which loading the code location must not.
-        from mostovik_pipelines.framework.runs.claims import ensure_run_claim
+        from mostovik_pipelines.platform.claims import ensure_run_claim
 
         ensure_run_claim(run_id)
         content_hash = hashlib.sha256(content).hexdigest()
@@ -143,7 +143,7 @@ class LandingStoreResource(ConfigurableResource):
         beside them until the load step is done, so that a paged partition is never held in
         memory whole. Scratch, not history: not flushed to disk."""
         # Imported here: the claims bring psycopg, which loading the code location must not.
-        from mostovik_pipelines.framework.runs.claims import ensure_run_claim
+        from mostovik_pipelines.platform.claims import ensure_run_claim
 
         ensure_run_claim(page.run_id)
         path = (store_path(page.blob_path).parent.parent / "frames"

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from dagster import ConfigurableResource
 
-from mostovik_pipelines.framework.errors import classify
+from mostovik_pipelines.core.errors import classify
 from mostovik_pipelines.resources import alert_outbox
 from mostovik_pipelines.resources.http import raise_for_status
 from mostovik_pipelines.resources.warehouse import warehouse_engine

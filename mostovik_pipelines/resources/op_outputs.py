@@ -2,7 +2,7 @@
 ``MOSTOVIK_STORAGE_DIR``, shared by every worker: a directory, or ``s3://bucket/prefix`` reached
 through universal_pathlib and s3fs, :mod:`.stores`), with its store's faults classified as the
 landing store's are. An object store that does not answer (a restart, a network cut) is an
-outage, ridden out in place for the object store's outage budget (:mod:`.framework.outages`),
+outage, ridden out in place for the object store's outage budget (:mod:`.core.outages`),
 as the warehouse's is. A full disk (``ENOSPC``, a quota) fails the step as transient and it is
 retried with backoff, since space can come back; a read-only one fails it at once, for an
 operator to act. Either way the error names the file, and a pickle cut short is removed (an
@@ -27,13 +27,13 @@ from dagster import (
     RetryRequested,
 )
 
-from mostovik_pipelines.framework.dagster_compat import PickledObjectFilesystemIOManager
-from mostovik_pipelines.framework.errors import PermanentError, classify
-from mostovik_pipelines.framework.outages import Store, StoreAway, ride_out, wait_message
-from mostovik_pipelines.framework.retries import RetryPolicy, StepContext, failure_for
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.core.dagster_compat import PickledObjectFilesystemIOManager
+from mostovik_pipelines.core.errors import PermanentError, classify
+from mostovik_pipelines.core.outages import Store, StoreAway, ride_out, wait_message
+from mostovik_pipelines.core.retries import RetryPolicy, StepContext, failure_for
+from mostovik_pipelines.core.settings import KEEP_FAILED_RUN_OUTPUTS_ENV
+from mostovik_pipelines.core.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.resources.stores import store_options
-from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV
 
 
 class OpOutputPruned(PermanentError):
@@ -79,7 +79,7 @@ class _ClassifiedPickles(PickledObjectFilesystemIOManager):
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         # The fence: a run that lost its claim hands nothing on (RunClaimLost fails the step).
         # Imported here: the claims bring psycopg, which loading the code location must not.
-        from mostovik_pipelines.framework.runs.claims import ensure_run_claim
+        from mostovik_pipelines.platform.claims import ensure_run_claim
 
         ensure_run_claim(context.run_id)
         try:

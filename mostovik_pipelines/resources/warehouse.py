@@ -7,7 +7,7 @@ import functools
 from dagster import ConfigurableResource
 from sqlalchemy import Engine, create_engine, event
 
-from mostovik_pipelines.framework.outages import Store, answered
+from mostovik_pipelines.core.outages import Store, answered
 
 
 class WarehouseResource(ConfigurableResource):

@@ -9,7 +9,8 @@ import time
 from collections import Counter
 
 from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
-from mostovik_pipelines_tests.chaos.scenarios import ChaosSuite, Totals
+from mostovik_pipelines_tests.chaos.parser_totals import Totals
+from mostovik_pipelines_tests.chaos.scenarios import ChaosSuite
 from mostovik_pipelines_tests.chaos.tally import Tally, named, tallied
 
 

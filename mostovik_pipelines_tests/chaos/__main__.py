@@ -19,7 +19,9 @@ Starts its own PostgreSQL and stand-in and runs every kind of job through the on
   off, a wrong setting, and the run storage away past the budget (110 s);
 * ``calendar``: simulated days of every scheduled source and the inbox on a fake clock, over
   the 4 November holiday, with operators' re-runs in flight during ticks, and what the operator
-  is told compared with the truth after every tick (:mod:`.calendar_scenarios`).
+  is told compared with the truth after every tick (:mod:`.calendar_scenarios`);
+* ``outages``: the test cases of the promised 60 s outages and of outages past a budget, which
+  ``make test`` leaves out (:mod:`.outage_cases`).
 
 It prints one line per scenario, each suite's summary, then per kind and per fault the
 scenarios, differences, duplicated keys, unsettled partitions (or runs failed on a fault the
@@ -39,11 +41,12 @@ from mostovik_pipelines_tests.chaos import run_chaos
 from mostovik_pipelines_tests.chaos.calendar_scenarios import run_calendar_chaos
 from mostovik_pipelines_tests.chaos.environment import ChaosEnvironment
 from mostovik_pipelines_tests.chaos.file_scenarios import run_file_chaos
+from mostovik_pipelines_tests.chaos.outage_cases import run_outage_cases
 from mostovik_pipelines_tests.chaos.platform import run_platform_chaos
 from mostovik_pipelines_tests.chaos.sync_scenarios import run_sync_chaos
 from mostovik_pipelines_tests.chaos.tally import Tally
 
-SUITES = ("parser", "sync", "file", "platform", "calendar")
+SUITES = ("parser", "sync", "file", "platform", "calendar", "outages")
 
 
 def parse(argv: list[str] | None):
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 totals = run_platform_chaos(postgres, standin_server, seed,
                                             args.platform_scenarios, log=log, tally=tally,
                                             kinds=args.platform_kinds)
+            elif name == "outages":
+                totals = run_outage_cases(log=log)
             else:
                 totals = run_calendar_chaos(postgres, standin_server, seed, args.calendar_days,
                                             lookback_days=args.calendar_lookback_days,

@@ -39,19 +39,19 @@ from dagster import (
 from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
 
 from mostovik_pipelines import definitions
-from mostovik_pipelines.framework.errors import OUTAGE_KINDS
-from mostovik_pipelines.framework.outages import StoreAway
-from mostovik_pipelines.framework.runs.in_flight import LAUNCH_GRACE_SECONDS
-from mostovik_pipelines.framework.runs.recovery import (
+from mostovik_pipelines.core.errors import OUTAGE_KINDS
+from mostovik_pipelines.core.outages import StoreAway
+from mostovik_pipelines.core.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
+from mostovik_pipelines.platform.in_flight import LAUNCH_GRACE_SECONDS
+from mostovik_pipelines.platform.recovery import (
     CODE_LOCATION_ATTRIBUTE,
     CODE_LOCATION_MODULE,
     PROCESS_TAG_PREFIXES,
     rerun_from_failure,
 )
-from mostovik_pipelines.framework.runs.status import STATUS_TAG
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
-from mostovik_pipelines.framework.runs.tracking import load_job
-from mostovik_pipelines.framework.steps.lifecycle import CONCURRENT_RUN_POLL_SECONDS
+from mostovik_pipelines.platform.status import STATUS_TAG
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.resources import HttpSourceResource
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinClient, StandinServer

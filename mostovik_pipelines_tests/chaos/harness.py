@@ -44,15 +44,15 @@ from typing import Any
 import psycopg
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
+from mostovik_pipelines.core.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
     WAREHOUSE_KEY,
     source_resource_key,
 )
-from mostovik_pipelines.framework.runs.claims import hold_driver_claim
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.platform.claims import hold_driver_claim
 from mostovik_pipelines.resources import LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.warehouse import migrate
@@ -94,6 +94,11 @@ telemetry:
 Wiring = Callable[[Path], tuple[Any, dict[str, str]]]
 """``wiring(root)``: the source's resource and the environment that gives a CLI run the same
 one, for a workspace rooted at ``root``."""
+
+
+def status_text(status: DagsterRunStatus | None) -> str:
+    """A run's status as a scenario's note prints it."""
+    return status.value.lower() if status else "none"
 
 
 class RunHandle:

@@ -53,9 +53,11 @@ import httpx
 import yaml
 from dagster import DagsterEventType
 
-from mostovik_pipelines.framework.outages import Store, setting_of
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.core.outages import Store, setting_of
+from mostovik_pipelines.core.tags import PARTITION_TAG, RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines_tests.chaos.environment import JOB, ChaosEnvironment, date_range
+from mostovik_pipelines_tests.chaos.parser_judge import duplicated_keys
+from mostovik_pipelines_tests.chaos.parser_source import CODES, partition_pool, random_rate
 from mostovik_pipelines_tests.chaos.platform_budget import (
     PAST_BUDGET,
     gave_up_problems,
@@ -84,13 +86,7 @@ from mostovik_pipelines_tests.chaos.platform_totals import (
     platform_findings,
     platform_summary,
 )
-from mostovik_pipelines_tests.chaos.scenarios import (
-    CODES,
-    ChaosSuite,
-    duplicated_keys,
-    partition_pool,
-    random_rate,
-)
+from mostovik_pipelines_tests.chaos.scenarios import ChaosSuite
 from mostovik_pipelines_tests.chaos.tally import Tally, tallied
 from mostovik_pipelines_tests.support.graphql import (
     BACKFILL_LIMIT_SECONDS,

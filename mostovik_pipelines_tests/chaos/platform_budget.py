@@ -21,7 +21,7 @@ import re
 import time
 from pathlib import Path
 
-from mostovik_pipelines.instance_storage import DEFAULT_OUTAGE_SECONDS, OUTAGE_ENV
+from mostovik_pipelines.platform.instance_storage import DEFAULT_OUTAGE_SECONDS, OUTAGE_ENV
 from mostovik_pipelines_tests.support.waiting import wait_for_hanging_request
 
 PAST_BUDGET = "run_storage_past_budget"

@@ -30,14 +30,10 @@ from datetime import UTC, date, datetime
 import psycopg
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
-from mostovik_pipelines.instance_storage import DEFAULT_OUTAGE_SECONDS
-from mostovik_pipelines_tests.chaos.scenarios import (
-    CODES,
-    _partition_state,
-    duplicated_keys,
-    random_rate,
-)
+from mostovik_pipelines.core.tags import PARTITION_TAG
+from mostovik_pipelines.platform.instance_storage import DEFAULT_OUTAGE_SECONDS
+from mostovik_pipelines_tests.chaos.parser_judge import duplicated_keys, partition_state
+from mostovik_pipelines_tests.chaos.parser_source import CODES, random_rate
 from mostovik_pipelines_tests.support.postgres import PartitionableLink, cut_claim_connections
 from mostovik_pipelines_tests.support.processes import DAGSTER
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
@@ -237,7 +233,7 @@ def _failure_text(instance, run_id: str) -> str:
 
 def _wrong_setting(suite, partition: str, tag: str, setting: str) -> tuple[list[str], int]:
     dsn = suite.chaos.postgres.dsn(suite.chaos.database)
-    before = _partition_state(dsn, partition)
+    before = partition_state(dsn, partition)
     started = time.monotonic()
     process = _start(suite, partition, tag, {setting: WRONG_SETTINGS[setting]})
     try:
@@ -255,7 +251,7 @@ def _wrong_setting(suite, partition: str, tag: str, setting: str) -> tuple[list[
     if setting not in output:
         suite.totals.failed_runs += 1
         problems.append(f"the failure does not name {setting}: {output[-1500:]}")
-    if _partition_state(dsn, partition) != before:
+    if partition_state(dsn, partition) != before:
         suite.totals.differences += 1
         problems.append(f"{partition} changed by a run that should not have started")
     with suite.platform.instance() as instance:

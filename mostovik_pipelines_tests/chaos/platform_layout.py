@@ -33,8 +33,8 @@ import time
 
 from dagster import DagsterEventType, RunsFilter
 
-from mostovik_pipelines.framework.outages import Store, setting_of
-from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
+from mostovik_pipelines.core.outages import Store, setting_of
+from mostovik_pipelines.core.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.framework.runs.dead_runs import INTERVAL_SECONDS
 from mostovik_pipelines_tests.chaos.environment import JOB
 from mostovik_pipelines_tests.support.deployments import step_workers

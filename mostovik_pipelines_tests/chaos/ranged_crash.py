@@ -30,7 +30,7 @@ from pathlib import Path
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
-from mostovik_pipelines.framework.outages import Store, budget_seconds
+from mostovik_pipelines.core.outages import Store, budget_seconds
 from mostovik_pipelines.sources import cbr_daily_rates
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines.warehouse import migrate

@@ -25,49 +25,20 @@ last kill (a settling re-run, else one started to check) must end within 30 s an
 20 s (a run that died before its first step counts as alive for 10 s). The warehouse is kept
 from scenario to scenario, so partitions are loaded, re-loaded and changed many times over.
 
-The expected state of a partition: the rows of one clean run, on a freshly emptied database, of
-the source's current state, plus the kept rows: a currency that is unreadable now keeps the row
-that was stored under its key when it turned unreadable (or stays absent). The harness reads
-that row from the warehouse when it changes the source, while no run is in flight; nothing can
-change it afterwards, since a rejected row keeps its stored row and no payload fetched before the
-change can be loaded after a later one. The quarantine must equal the clean run's.
-
-Kill points are observed from outside, without hooks in production code:
-
-* ``extract``: the source hangs the request; the run's extract step has started;
-* ``landed``: the run's fetch record is in the landing store (extract done, transform next);
-* ``transform``: a few milliseconds after ``landed``;
-* ``load``: the suite holds the partition's advisory lock, so the load waits inside its
-  transaction; killed there;
-* ``load_mid``: as ``load``, but the lock is released and the kill lands a moment later, in the
-  middle of the load's statements;
-* event boundaries (:data:`EVENTS`): right after the run's event appears in the event log, from
-  ``run_start`` (before the first step) to ``after_commit`` (the materialisation written right
-  after the load commits);
-* ``between``: a random moment up to 50 ms after one of those events;
-* ``random``: after a random delay.
+The source's changes and faults are drawn in :mod:`.parser_source`, the kills and warehouse
+crashes in :mod:`.parser_kills`, the judge is :mod:`.parser_judge` and the counts
+:mod:`.parser_totals`; this module runs the scenarios and settles their partitions.
 """
 
 from __future__ import annotations
 
 import random
-import time
-from collections import Counter
-from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
-from decimal import Decimal
+from datetime import datetime, timedelta
 
-import httpx
-import psycopg
-from dagster import DagsterEventType, DagsterRunStatus
+from dagster import DagsterRunStatus
 
-from mostovik_pipelines.framework.load.lock import partition_lock_keys
-from mostovik_pipelines.framework.outages import Store, budget_seconds
-from mostovik_pipelines.sources.cbr_daily_rates.standin import CURRENCIES, MOSCOW, effective_date
+from mostovik_pipelines.sources.cbr_daily_rates.standin import MOSCOW
 from mostovik_pipelines_tests.chaos.environment import (
-    CLI_TIMEOUT_SECONDS,
-    SOURCE,
-    WARM_TIMEOUT_SECONDS,
     ChaosEnvironment,
     date_range,
 )
@@ -75,173 +46,34 @@ from mostovik_pipelines_tests.chaos.harness import (
     FINISHED,
     LEFT_STARTED_SHARE,
     RunHandle,
-    a_load_waits_for_a_lock,
-    wait_until,
+    status_text,
 )
+from mostovik_pipelines_tests.chaos.parser_judge import ParserJudge, consecutive
+from mostovik_pipelines_tests.chaos.parser_kills import (
+    CRASH_POINTS,
+    KILL_POINTS,
+    RUN_KILL_POINTS,
+    WAREHOUSE_CRASH_SHARE,
+    ParserKills,
+)
+from mostovik_pipelines_tests.chaos.parser_source import (
+    RANGE_FAULTS,
+    SourceChanges,
+    SourceModel,
+    fault_match,
+    partition_pool,
+)
+from mostovik_pipelines_tests.chaos.parser_totals import Totals
 
-TABLE = "cbr_daily_rates"
-CODES = [currency[2] for currency in CURRENCIES]
-EVENTS = {
-    "run_start": (DagsterEventType.RUN_START, None),
-    "extract_start": (DagsterEventType.STEP_START, "extract"),
-    "extract_output": (DagsterEventType.STEP_OUTPUT, "extract"),
-    "extract_success": (DagsterEventType.STEP_SUCCESS, "extract"),
-    "transform_start": (DagsterEventType.STEP_START, "transform"),
-    "transform_success": (DagsterEventType.STEP_SUCCESS, "transform"),
-    "load_start": (DagsterEventType.STEP_START, "load"),
-    "after_commit": (DagsterEventType.ASSET_MATERIALIZATION, None),
-}
-"""Kill points right after an event of the run: its type, and the op of its step."""
-KILL_POINTS = ("extract", "landed", "transform", "load", "load_mid", *EVENTS, "between",
-               "random")
-RUN_KILL_POINTS = (*EVENTS, "between", "random")
-"""Kill points of ranged runs and re-executions: they watch no one partition's landing or lock."""
-TRANSIENT_FAULTS = ("503", "429", "drop", "hang")
-PERMANENT_FAULTS = ("malformed", "truncate", "html", "wrong_encoding", "rename_element", "404")
-RANGE_FAULTS = ("404", "malformed")
-"""Permanent faults that fail a partition of a range in extract and in transform."""
-UNREADABLE_VALUES = ("n/a", "-5,0", "1e9", "12,34,56", "'; DROP TABLE x;--")
-MAX_REMOVED = 2
-"""Removed currencies per date: with one unreadable currency among 10 the share is 10%, still
-a partial load; among 9 it would be a systematic defect that no re-run can settle."""
 SETTLE_ATTEMPTS = 6
-CRASH_POINTS = ("extract", "landed", "transform", *EVENTS, "between", "random")
-"""Where the warehouse may crash instead of the run being killed: not inside the load, where the
-suite itself holds a connection to the warehouse."""
-WAREHOUSE_CRASH_SHARE = 0.3
-"""Scenarios whose first kill is a crash of the warehouse instead (``pg_ctl -m immediate``, back
-1-4 s later, far within the warehouse's outage budget): every run rides it out, warm and
-``dagster job execute`` alike, and a run that fails on it is a finding whatever the data ends
-as. Decided apart from the scenario's other choices."""
 RANGED_SHARE = 0.15
 REEXECUTION_SHARE = 0.3
-CHECK_TIMEOUT_SECONDS = 120.0
-"""What the liveness check's run is given before it counts as blocked (and is killed): far more
-than a free partition's run needs even on a loaded machine. Whether a dead run held the
-partition is read from the run's own log (:meth:`ChaosEnvironment.late_waits_for`)."""
-ROW_COLUMNS = ("partition_date, rate_date, cbr_id, num_code, char_code, nominal, name, "
-               "value::text, unit_rate::text")
-CHAR_CODE = 4
-"""Position of char_code in :data:`ROW_COLUMNS`."""
-ONE_DAY = timedelta(days=1)
 
 
-@dataclass
-class Totals:
-    scenarios: int = 0
-    kills: Counter = field(default_factory=Counter)
-    warehouse_crashes: Counter = field(default_factory=Counter)
-    """Crashes of the warehouse server under a run, per point of the run."""
-    failed_within_budget: int = 0
-    """Runs that failed on a warehouse crash shorter than the warehouse's outage budget: each a
-    finding (unsettled), however exact the data ended."""
-    cli_kills: int = 0
-    scenarios_with_cli_kill: int = 0
-    left_started: int = 0
-    faults: Counter = field(default_factory=Counter)
-    source_changes: int = 0
-    unreadable_changes: int = 0
-    """Changes that made a currency unreadable, newly or again with another value."""
-    unreadable_again: int = 0
-    unreadable_between_fetches: int = 0
-    """Of those, changes that made a stored rate unreadable (it was loaded, the next fetch sees
-    it unreadable)."""
-    duplicate_runs: int = 0
-    reruns_of_loaded: int = 0
-    reexecutions: Counter = field(default_factory=Counter)
-    """Re-executions by kind ("from failure, cli", "from failure, warm", "all steps, warm")."""
-    reexecutions_of_older_runs: int = 0
-    reexecutions_killed: int = 0
-    ranged_runs: int = 0
-    ranged_failed_partitions: int = 0
-    settle_runs: int = 0
-    refresh_runs: int = 0
-    runs: Counter = field(default_factory=Counter)
-    liveness_checks: int = 0
-    liveness_runs: int = 0
-    """Runs started only to check liveness (otherwise a settling re-run is the check)."""
-    blocked: int = 0
-    """Partitions a fresh run could not have within 30 s (or only after waiting over 20 s)."""
-    kept_rows: int = 0
-    """Kept rows in the expected states of the final sweep."""
-    differences: int = 0
-    duplicates: int = 0
-    errors: int = 0
-    """Failures that are not differences: a partition no re-run settled, a failed reference."""
-    failures: list[str] = field(default_factory=list)
-    reference_cache_hits: int = 0
 
+class ChaosSuite(SourceChanges, ParserKills, ParserJudge):
+    """The scenarios of the CBR source against one :class:`ChaosEnvironment`."""
 
-@dataclass
-class Change:
-    """One revision of a date's rates, and what it does to the date's unreadable currency."""
-
-    values: dict[str, str]
-    remove: list[str]
-    readable_again: str | None = None
-    """The currency that was unreadable and is readable (or removed) now."""
-    unreadable: str | None = None
-    """The currency this change makes unreadable."""
-    again: bool = False
-    """The unreadable currency stays unreadable, with another unreadable value."""
-
-
-class SourceModel:
-    """What the harness has asked the stand-in to change, per effective date, so that the final
-    state of every date stays loadable (at most one unreadable currency, at most two removed)."""
-
-    def __init__(self) -> None:
-        self.bad: dict[str, str] = {}
-        self.removed: dict[str, set[str]] = {}
-
-    def random_change(self, rng: random.Random, day: str,
-                      force_unreadable: bool = False) -> Change:
-        removed = self.removed.setdefault(day, set())
-        present = [c for c in CODES if c not in removed]
-        values = {code: random_rate(rng) for code in rng.sample(present, rng.randint(1, 3))}
-        remove: list[str] = []
-        if len(removed) < MAX_REMOVED and rng.random() < 0.3:
-            remove = [rng.choice([c for c in present if c not in values])]
-        change = Change(values, remove)
-        bad = self.bad.get(day)
-        if bad in values or bad in remove:
-            change.readable_again = self.bad.pop(day)
-            bad = None
-        if bad is not None and (force_unreadable or rng.random() < 0.3):
-            values[bad] = rng.choice(UNREADABLE_VALUES)
-            change.again = True
-        elif bad is None and (force_unreadable or rng.random() < 0.45):
-            code = rng.choice([c for c in present
-                               if c not in remove and c != change.readable_again])
-            values[code] = rng.choice(UNREADABLE_VALUES)
-            self.bad[day] = change.unreadable = code
-        removed.update(remove)
-        return change
-
-
-def random_rate(rng: random.Random) -> str:
-    amount = Decimal(rng.randint(1, 2_000_000)) / Decimal(10_000)
-    return format(amount, "f").replace(".", ",")
-
-
-def partition_pool(today: date, size: int) -> list[str]:
-    """Past dates whose rates are their own (Tuesday to Saturday), newest first; a change of a
-    date's rates then touches that partition only (and, for a Saturday, its Sunday and Monday,
-    which only ranged runs load)."""
-    pool, day = [], today - timedelta(days=3)
-    while len(pool) < size:
-        if day.weekday() not in (6, 0):
-            pool.append(day.isoformat())
-        day -= timedelta(days=1)
-    return pool
-
-
-def _match(partition: str) -> str:
-    """The stand-in's fault match for requests of the partition."""
-    return f"date_req={date.fromisoformat(partition):%d/%m/%Y}"
-
-
-class ChaosSuite:
     def __init__(self, env: ChaosEnvironment, seed: int, cli_share: float = 0.35,
                  pool_size: int = 12, log=print) -> None:
         """``cli_share``: the share of scenarios that start and kill ``dagster job execute``,
@@ -368,14 +200,14 @@ class ChaosSuite:
         for day in sorted(rng.sample(scope, rng.randint(1, 2))):
             kind = rng.choice(RANGE_FAULTS)
             if kind == "404":
-                self.env.standin.fault("status", status=404, times=-1, match=_match(day))
+                self.env.standin.fault("status", status=404, times=-1, match=fault_match(day))
             else:
-                self.env.standin.fault(kind, times=-1, match=_match(day))
+                self.env.standin.fault(kind, times=-1, match=fault_match(day))
             self.totals.faults[kind] += 1
             notes.append(f"{kind}@{day}")
         if rng.random() < 0.3:
             self.env.standin.fault("status", status=503, retry_after=0,
-                                   match=_match(rng.choice(scope)))
+                                   match=fault_match(rng.choice(scope)))
             self.totals.faults["503"] += 1
             notes.append("503")
 
@@ -387,7 +219,7 @@ class ChaosSuite:
         if kill_point:
             notes.append(f"kill@{kill_point}" if killed else f"nokill@{kill_point}")
         status = self._finish(handle, rng)
-        notes.append(_status_text(status))
+        notes.append(status_text(status))
         run_id = self.env.run_id_of(handle)
         if status == DagsterRunStatus.FAILURE and not killed:
             failed = set(scope) - self.env.materialized_by(run_id)
@@ -407,64 +239,6 @@ class ChaosSuite:
         self._settle(scope, succeeded, notes)
         return scope
 
-    def _change_source(self, rng: random.Random, day: str, notes: list[str],
-                       force_unreadable: bool = False) -> None:
-        change = self.model.random_change(rng, day, force_unreadable)
-        carried = self._carried(day)
-        # No run is in flight: what a partition stores now under a currency that turns
-        # unreadable is what its loads keep from now on.
-        if change.readable_again:
-            for partition in carried:
-                self.kept.pop((partition, change.readable_again), None)
-        if change.unreadable:
-            dsn = self.env.postgres.dsn(self.env.database)
-            for partition in carried:
-                self.kept[(partition, change.unreadable)] = _stored_row(dsn, partition,
-                                                                        change.unreadable)
-        unreadable = change.unreadable or (self.model.bad[day] if change.again else None)
-        if unreadable:
-            self.totals.unreadable_changes += 1
-            self.totals.unreadable_again += change.again
-            if any(self.kept.get((partition, unreadable)) is not None for partition in carried):
-                self.totals.unreadable_between_fetches += 1
-        self.env.standin.change_cbr_rates(day, set_values=change.values, remove=change.remove)
-        self.stale.update(carried)
-        self.totals.source_changes += 1
-        notes.append(f"change({len(change.values)}v,{len(change.remove)}r"
-                     f"{',unreadable ' + unreadable if unreadable else ''})")
-
-    def _carried(self, day: str) -> list[str]:
-        """The partitions whose rates are ``day``'s: the day's own, and a Saturday's Sunday and
-        Monday."""
-        published = (date.fromisoformat(self.tomorrow) if self.published_tomorrow
-                     else self.today)
-        first = date.fromisoformat(day)
-        days = (first + timedelta(days=n) for n in range(3))
-        return [d.isoformat() for d in days if effective_date(d, published) == first]
-
-    def _queue_faults(self, rng: random.Random, partition: str, cli: bool,
-                      notes: list[str]) -> None:
-        timeout = CLI_TIMEOUT_SECONDS if cli else WARM_TIMEOUT_SECONDS
-        for _ in range(rng.choice((0, 1, 1, 2) if not cli else (0, 1))):
-            kind = (rng.choice(PERMANENT_FAULTS) if not cli and rng.random() < 0.25
-                    else rng.choice(TRANSIENT_FAULTS))
-            options: dict = {"match": _match(partition)}
-            if kind in ("503", "404"):
-                fault, options["status"] = "status", int(kind)
-                if kind == "503" and rng.random() < 0.5:
-                    options["retry_after"] = 0
-            elif kind == "429":
-                fault, options["status"], options["retry_after"] = "status", 429, 1
-            elif kind == "hang":
-                fault, options["seconds"] = "hang", timeout + 0.5
-            elif kind == "rename_element":
-                fault = kind
-                options.update(element=rng.choice(["Value", "CharCode"]), renamed_to="Rate")
-            else:
-                fault = kind
-            self.env.standin.fault(fault, **options)
-            self.totals.faults[kind] += 1
-            notes.append(kind)
 
     # --- runs and kills -----------------------------------------------------------------------
 
@@ -508,7 +282,7 @@ class ChaosSuite:
         """Run the partition (and maybe a duplicate at once), killing the first run at
         ``kill_point``; True if one of them succeeded."""
         if kill_point == "extract":
-            self.env.standin.fault("hang", match=_match(partition), seconds=3)
+            self.env.standin.fault("hang", match=fault_match(partition), seconds=3)
             self.totals.faults["hang"] += 1
         handles = [self._start(partition, cli)]
         if duplicate:
@@ -525,7 +299,7 @@ class ChaosSuite:
             killed = self._kill_at(rng, handles[0], kill_point)
             notes.append(f"kill@{kill_point}" if killed else f"nokill@{kill_point}")
         statuses = [self._finish(handle, rng) for handle in handles]
-        notes.append("/".join(_status_text(s) for s in statuses))
+        notes.append("/".join(status_text(s) for s in statuses))
         if crashed:
             self._judge_the_crash(partition, crashed, handles, statuses)
         for handle, status in zip(handles, statuses, strict=True):
@@ -578,100 +352,13 @@ class ChaosSuite:
         self.totals.reexecutions_killed += killed
         status = self._finish(handle, rng, fetched)
         notes.append(f"rerun[{kind} of {run_id[:8]}"
-                     f"{' kill@' + kill_point if killed else ''}]:{_status_text(status)}")
+                     f"{' kill@' + kill_point if killed else ''}]:{status_text(status)}")
         if not killed and status != DagsterRunStatus.SUCCESS:
             # Against a healthy source nothing but a defect fails a re-execution.
-            self._fail(f"re-execution ({kind}) of {run_id} ended {_status_text(status)}; "
+            self._fail(f"re-execution ({kind}) of {run_id} ended {status_text(status)}; "
                        f"see {handle.log_path}")
         return status == DagsterRunStatus.SUCCESS
 
-    def _kill_at(self, rng: random.Random, handle: RunHandle, point: str) -> bool:
-        if point in ("load", "load_mid"):
-            startup = 30 if handle.kind == "cli" else 10
-            return self._kill_in_load(rng, handle, point, startup)
-        return self._deliver(handle, point) if self._reach(rng, handle, point) else False
-
-    def _crash_warehouse_at(self, rng: random.Random, handle: RunHandle,
-                            point: str) -> float | None:
-        """Crash the warehouse server once the run reaches ``point``, and start it again 1-4 s
-        later; how long it was down, or None if the run ended first."""
-        if not self._reach(rng, handle, point):
-            return None
-        seconds = rng.uniform(1.0, 4.0)
-        self.env.postgres.down_for(seconds)
-        self.totals.warehouse_crashes[point] += 1
-        return seconds
-
-    def _judge_the_crash(self, partition: str, seconds: float, handles: list[RunHandle],
-                         statuses: list[DagsterRunStatus | None]) -> None:
-        """A fault shorter than its budget is ridden out: a run (not killed) that failed on the
-        warehouse's crash is a finding, whatever the data (its re-runs settle that)."""
-        budget = budget_seconds(Store.WAREHOUSE)
-        for handle, status in zip(handles, statuses, strict=True):
-            if handle.killed or status == DagsterRunStatus.SUCCESS or seconds >= budget:
-                continue
-            failure = self.env.failure_on_the_warehouse(handle)
-            if failure:
-                self.totals.failed_within_budget += 1
-                self._fail(f"a {handle.kind} run of {partition} failed on a warehouse crash of "
-                           f"{seconds:.1f} s, within the {budget:.0f} s it rides out: {failure}; "
-                           f"see {handle.log_path}")
-
-    def _reach(self, rng: random.Random, handle: RunHandle, point: str) -> bool:
-        """Wait until the run is at ``point`` (not one inside the load); False if it ended
-        or never got there."""
-        env = self.env
-        startup = 30 if handle.kind == "cli" else 10
-        if point == "extract":
-            reached = wait_until(lambda: env.has_event(
-                handle, DagsterEventType.STEP_START, f"{SOURCE}.extract_"), handle, startup)
-            if reached:
-                time.sleep(rng.uniform(0.05, 0.5))
-        elif point in ("landed", "transform"):
-            reached = wait_until(lambda: env.landed_by(handle), handle, startup, 0.003)
-            if reached and point == "transform":
-                time.sleep(rng.uniform(0, 0.03))
-        elif point in EVENTS or point == "between":
-            event_type, op = EVENTS[rng.choice(list(EVENTS)) if point == "between" else point]
-            step = f"{SOURCE}.{op}_" if op else None
-            reached = wait_until(lambda: env.has_event(handle, event_type, step), handle,
-                                 startup, 0.005)
-            if reached and point == "between":
-                time.sleep(rng.uniform(0, 0.05))
-        else:
-            delay = rng.uniform(0, 4.0 if handle.kind == "cli" else 1.0)
-            wait_until(lambda: False, handle, delay, 0.02)  # the delay, or the run's end
-            reached = handle.alive()
-        return reached
-
-    def _kill_in_load(self, rng: random.Random, handle: RunHandle, point: str,
-                      startup: float) -> bool:
-        table_key, partition_key = partition_lock_keys(TABLE, handle.partition)
-        with psycopg.connect(self.env.postgres.dsn(self.env.database),
-                             autocommit=True) as holder:
-            holder.execute("SELECT pg_advisory_lock(%s, %s)", (table_key, partition_key))
-            try:
-                reached = wait_until(lambda: a_load_waits_for_a_lock(holder), handle, startup, 0.01)
-                if reached and point == "load":
-                    return self._deliver(handle, point)
-            finally:
-                holder.execute("SELECT pg_advisory_unlock(%s, %s)", (table_key, partition_key))
-            if reached:
-                time.sleep(rng.uniform(0, 0.02))
-                return self._deliver(handle, point)
-        return False
-
-    def _deliver(self, handle: RunHandle, point: str) -> bool:
-        if not handle.kill():
-            return False
-        self.totals.kills[point] += 1
-        self._killed_in_scenario = True
-        self._killed_runs += [run_id for run_id in [self.env.run_id_of(handle)] if run_id]
-        self._probe = None
-        if handle.kind == "cli":
-            self.totals.cli_kills += 1
-            self._cli_kill_in_scenario = True
-        return True
 
     def _settle(self, scope: tuple[str, ...], phase_ok: bool, notes: list[str]) -> None:
         """Re-run the partitions until a run succeeds, if the last runs did not; faults still
@@ -696,7 +383,7 @@ class ChaosSuite:
         as an operator re-runs what a revision touched (consecutive dates in one ranged run).
         Returns them."""
         due = sorted(self.stale & (self.loaded | touched))
-        for scope in _consecutive(due):
+        for scope in consecutive(due):
             self.totals.refresh_runs += 1
             if self._finish(self._start_warm(scope)) != DagsterRunStatus.SUCCESS:
                 self._fail(f"the refresh run of {scope[0]}..{scope[-1]} failed")
@@ -710,156 +397,8 @@ class ChaosSuite:
         if self._killed_in_scenario and self._probe is None:
             self._probe = handle
 
-    def _check_not_blocked(self, scope: tuple[str, ...], notes: list[str]) -> list[str]:
-        """After a kill, no dead run may hold the partitions: the first fresh run of them since
-        the last kill (a settling re-run, else one started here) may wait for a killed run only
-        within its launch grace (a run that died before its first step counts as alive for
-        10 s after its last change; one that died later, not at all), as its own log records,
-        and must end. Returns the problems, a check run's outcome compared too."""
-        self.totals.liveness_checks += 1
-        problems = []
-        if self._probe is None:
-            self.totals.liveness_runs += 1
-            handle = self._start_warm(scope)
-            handle.wait(timeout=CHECK_TIMEOUT_SECONDS)
-            self._observe(handle)
-            status = self._finish(handle)
-            if status == DagsterRunStatus.SUCCESS:
-                problems += [f"after the liveness check, {problem}"
-                             for problem in self.compare(scope)]
-            elif not handle.killed:
-                problems.append(f"the liveness check's run ended {_status_text(status)}")
-        assert self._probe is not None
-        late = self.env.late_waits_for(self._probe, self._killed_runs)
-        waited = self.env.waited_for_older_run(self._probe)
-        notes.append(f"free{' after waiting' if waited else ''}")
-        if self._probe.killed or late:
-            self.totals.blocked += 1
-            problems.append(f"{scope[0]} blocked: the first run after the kill "
-                            f"{'waited for ' + '; '.join(late) if late else 'never ended'}")
-        return problems
-
-    # --- the judge ----------------------------------------------------------------------------
-
-    def compare(self, partitions) -> list[str]:
-        """Each partition against its expected state; the differences, counted."""
-        partitions = list(partitions)
-        references = self._references_of(partitions)
-        dsn = self.env.postgres.dsn(self.env.database)
-        problems = []
-        for partition in partitions:
-            expected = self._expected(partition, references[partition])
-            actual = _partition_state(dsn, partition)
-            if actual[0] != expected[0]:
-                problems.append(f"{partition}: rows differ: expected "
-                                f"{_diff(expected[0], actual[0])}")
-            if actual[1] != expected[1]:
-                problems.append(f"{partition}: quarantine differs: expected "
-                                f"{_diff(expected[1], actual[1])}")
-        self.totals.differences += len(problems)
-        return problems
-
-    def _expected(self, partition: str, reference: tuple[list, list]) -> tuple[list, list]:
-        """The reference's rows plus the rows kept under currencies unreadable now, and the
-        reference's quarantine."""
-        rows, quarantined = reference
-        kept = [row for (kept_in, _), row in self.kept.items()
-                if kept_in == partition and row is not None]
-        return sorted([*rows, *kept], key=lambda row: row[CHAR_CODE]), quarantined
-
-    def _report(self, number: int, notes: list[str], problems: list[str]) -> None:
-        duplicates = duplicated_keys(self.env.postgres.dsn(self.env.database))
-        if duplicates:
-            self.totals.duplicates += duplicates
-            problems.append(f"{duplicates} duplicated keys")
-        if problems:
-            self._fail(f"scenario {number} ({' '.join(notes)}): {'; '.join(problems)}",
-                       error=False)
-        if self._cli_kill_in_scenario:
-            self.totals.scenarios_with_cli_kill += 1
-            self._cli_kill_in_scenario = False
-        self.log(f"  #{number:<4} {' '.join(notes)}{'  DIFFERENT' if problems else ''}")
-
-    def _references_of(self, partitions: list[str]) -> dict[str, tuple[list, list]]:
-        """Each partition as one clean run on an empty database makes it, for the source's
-        current state (cached by the exact bytes the source now serves). Consecutive dates
-        missing from the cache are loaded by one ranged run: its partitions load independently,
-        exactly as single runs load them."""
-        keys = {}
-        for partition in partitions:
-            asked = date.fromisoformat(partition)
-            document = httpx.get(self.env.standin_server.cbr_url,
-                                 params={"date_req": f"{asked:%d/%m/%Y}"}).content
-            keys[partition] = (partition, document, self.today)
-        missing = sorted(p for p, key in keys.items() if key not in self._references)
-        self.totals.reference_cache_hits += len(partitions) - len(missing)
-        dsn = self.env.postgres.dsn(self.env.reference_database)
-        for scope in _consecutive(missing):
-            with psycopg.connect(dsn, autocommit=True) as connection:
-                connection.execute(f"TRUNCATE {TABLE}, quarantined_rows")
-            handle = self.env.start_reference_run(scope)
-            handle.wait(timeout=120)
-            if handle.process.exitcode != 0:
-                self._fail(f"reference run of {scope[0]}..{scope[-1]} failed "
-                           f"(exit {handle.process.exitcode})")
-            for partition in scope:
-                self._references[keys[partition]] = _partition_state(dsn, partition)
-        return {partition: self._references[key] for partition, key in keys.items()}
 
     def _fail(self, message: str, error: bool = True) -> None:
         self.totals.errors += error
         self.totals.failures.append(message)
         self.log(f"  FAILURE: {message}")
-
-
-def _consecutive(days: list[str]) -> list[tuple[str, ...]]:
-    """Sorted dates grouped into runs of consecutive dates."""
-    groups: list[list[str]] = []
-    for day in days:
-        if groups and date.fromisoformat(day) - date.fromisoformat(groups[-1][-1]) == ONE_DAY:
-            groups[-1].append(day)
-        else:
-            groups.append([day])
-    return [tuple(group) for group in groups]
-
-
-def _status_text(status: DagsterRunStatus | None) -> str:
-    return status.value if status else "none"
-
-
-def _partition_state(dsn: str, partition: str) -> tuple[list, list]:
-    with psycopg.connect(dsn) as connection:
-        rows = connection.execute(
-            f"SELECT {ROW_COLUMNS} FROM {TABLE} WHERE partition_date = %s ORDER BY char_code",
-            (date.fromisoformat(partition),)).fetchall()
-        quarantined = connection.execute(
-            "SELECT row_number, raw_row, reason FROM quarantined_rows "
-            "WHERE source = %s AND partition_key = %s ORDER BY row_number, id",
-            (SOURCE, partition)).fetchall()
-    return rows, quarantined
-
-
-def _stored_row(dsn: str, partition: str, code: str) -> tuple | None:
-    with psycopg.connect(dsn) as connection:
-        return connection.execute(
-            f"SELECT {ROW_COLUMNS} FROM {TABLE} WHERE partition_date = %s AND char_code = %s",
-            (date.fromisoformat(partition), code)).fetchone()
-
-
-def duplicated_keys(dsn: str) -> int:
-    """Natural keys held more than once: in the table (its constraint forbids them) and in the
-    quarantine (a partition's rejected row is kept once, whatever the number of runs)."""
-    with psycopg.connect(dsn) as connection:
-        table = connection.execute(
-            f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} GROUP BY partition_date, char_code "
-            "HAVING count(*) > 1) d").fetchone()[0]
-        quarantine = connection.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM quarantined_rows "
-            "GROUP BY source, partition_key, row_number HAVING count(*) > 1) d").fetchone()[0]
-    return table + quarantine
-
-
-def _diff(expected: list, actual: list) -> str:
-    missing = [r for r in expected if r not in actual]
-    extra = [r for r in actual if r not in expected]
-    return f"{len(expected)} rows, got {len(actual)}; missing {missing[:3]}, extra {extra[:3]}"

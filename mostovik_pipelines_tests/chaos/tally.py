@@ -87,3 +87,8 @@ def tallied(suite, kind: str, tally: Tally, faults: Callable[[object], Counter],
 def named(prefix: str, counter: Counter) -> Counter:
     """``counter``'s keys as faults: ``"<prefix> <key>"``."""
     return Counter({f"{prefix} {key}": n for key, n in counter.items()})
+
+
+def counts_text(counter: Counter) -> str:
+    """``counter`` as a summary line prints it: ``key n, ...``, sorted."""
+    return ", ".join(f"{key} {n}" for key, n in sorted(counter.items())) or "none"

@@ -14,13 +14,13 @@ import pytest
 from dagster import DynamicPartitionsDefinition
 from sqlalchemy import Column, Date, DateTime, Integer, MetaData, String, Table, create_engine
 
-from mostovik_pipelines.framework.errors import (
+from mostovik_pipelines.core.errors import (
     ConfigurationError,
     DataValidationError,
     SourceContractError,
 )
+from mostovik_pipelines.core.load_target import KeyHeldElsewhere
 from mostovik_pipelines.framework.load.partition import load_partition
-from mostovik_pipelines.framework.load_target import KeyHeldElsewhere
 from mostovik_pipelines.framework.quality.validation import validate_partition
 from mostovik_pipelines.sources.cbr_metal_prices import SOURCE as METALS
 from mostovik_pipelines.warehouse.schema import warehouse_table

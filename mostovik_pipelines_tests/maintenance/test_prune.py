@@ -21,8 +21,7 @@ from dagster import (
     DagsterRunStatus,
 )
 
-from mostovik_pipelines.framework.dagster_compat import run_event_log_dir
-from mostovik_pipelines.framework.runs.tracking import list_jobs
+from mostovik_pipelines.core.dagster_compat import run_event_log_dir
 from mostovik_pipelines.maintenance.policy import (
     EVENT_LOG_FILES,
     LANDING,
@@ -31,6 +30,7 @@ from mostovik_pipelines.maintenance.policy import (
     RetentionPolicy,
 )
 from mostovik_pipelines.maintenance.prune import plan_prune, prune
+from mostovik_pipelines.platform.tracking import list_jobs
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.instances import runs_with_event_log_files

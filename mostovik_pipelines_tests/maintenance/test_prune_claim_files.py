@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
-from mostovik_pipelines.framework.runs.claims import (
+from mostovik_pipelines.maintenance.policy import CLAIM_FILES, RetentionPolicy
+from mostovik_pipelines.maintenance.prune import prune
+from mostovik_pipelines.platform.claims import (
     claim_files_dir,
     run_claim_held,
 )
-from mostovik_pipelines.maintenance.policy import CLAIM_FILES, RetentionPolicy
-from mostovik_pipelines.maintenance.prune import prune
 from mostovik_pipelines_tests.support.processes import claim_holder, local_dagster_home
 
 A_YEAR = timedelta(days=365)

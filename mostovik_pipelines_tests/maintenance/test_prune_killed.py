@@ -28,8 +28,7 @@ from unittest import mock
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance
 
-from mostovik_pipelines.resources import LandingStoreResource
-from mostovik_pipelines.settings import (
+from mostovik_pipelines.core.settings import (
     KEEP_FAILED_RUN_OUTPUTS_ENV,
     KEEP_LANDED_ENV,
     KEEP_RUNS_ENV,
@@ -37,6 +36,7 @@ from mostovik_pipelines.settings import (
     RETENTION_GRACE_ENV,
     STORAGE_DIR_ENV,
 )
+from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines_tests.support.instances import runs_with_event_log_files
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.object_store import mounted_buckets, why_no_object_store

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from mostovik_pipelines.framework.outages import Store, setting_of
-from mostovik_pipelines.framework.runs.tracking import load_job
-from mostovik_pipelines.settings import KEEP_FAILED_RUN_OUTPUTS_ENV, RETENTION_GRACE_ENV
+from mostovik_pipelines.core.outages import Store, setting_of
+from mostovik_pipelines.core.settings import KEEP_FAILED_RUN_OUTPUTS_ENV, RETENTION_GRACE_ENV
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import run_environment, start_job_execute

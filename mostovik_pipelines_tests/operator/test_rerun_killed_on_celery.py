@@ -28,8 +28,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.framework.runs.dead_runs import DEAD_RUNS_SENSOR, INTERVAL_SECONDS
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines_tests.support.deployments import (
     Deployment,
     business_rows,

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines_tests.support.deployments import step_workers, two_worker_deployment
 from mostovik_pipelines_tests.support.postgres import dsn_of
 from mostovik_pipelines_tests.support.run_queue import run_queue_daemon

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from dagster import DagsterEventType
 
-from mostovik_pipelines.framework.runs.tags import (
+from mostovik_pipelines.core.tags import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     REASON_TAG,

@@ -18,15 +18,15 @@ from zoneinfo import ZoneInfo
 import psycopg
 from dagster import DagsterInstance, TimeWindowPartitionsDefinition, build_schedule_context
 
+from mostovik_pipelines.core.tags import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    REQUESTED_BECAUSE_TAG,
+)
 from mostovik_pipelines.framework.automation.catch_up import (
     Reason,
     file_versions_to_retry,
     plan_catch_up,
-)
-from mostovik_pipelines.framework.runs.tags import (
-    RANGE_END_TAG,
-    RANGE_START_TAG,
-    REQUESTED_BECAUSE_TAG,
 )
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin import StandinClient

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from dagster import DagsterInstance
 
-from mostovik_pipelines.framework.runs.tags import RANGE_END_TAG, RANGE_START_TAG
+from mostovik_pipelines.core.tags import RANGE_END_TAG, RANGE_START_TAG
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin import StandinClient
 from mostovik_pipelines_tests.support import delivery_reports as reports

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mostovik_pipelines.framework.errors import DataValidationError
+from mostovik_pipelines.core.errors import DataValidationError
 from mostovik_pipelines.resources import inbox as inbox_module
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of, version_key
 from mostovik_pipelines_tests.support.inbox import drop, version_of

@@ -13,7 +13,7 @@ import pytest
 from dagster import DagsterInstance
 from s3fs import S3FileSystem
 
-from mostovik_pipelines.framework.errors import ConfigurationError, PermanentError
+from mostovik_pipelines.core.errors import ConfigurationError, PermanentError
 from mostovik_pipelines.resources.inbox import InboxResource, version_key
 from mostovik_pipelines.resources.inbox_objects import ObjectStoreInbox, version_hash
 from mostovik_pipelines.sources import material_deliveries

@@ -15,8 +15,8 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 from s3fs import S3FileSystem
 
-from mostovik_pipelines.framework.errors import classify
-from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
+from mostovik_pipelines.core.errors import classify
+from mostovik_pipelines.core.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.resources.stores import OBJECT_STORE_OPTIONS, store_path, write_whole

@@ -15,7 +15,7 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 from s3fs.utils import FileExpired
 
-from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
+from mostovik_pipelines.core.retries import RETRY_METADATA_KEY
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.resources.op_outputs import OpOutputStore
 from mostovik_pipelines.resources.stores import store_path, write_whole

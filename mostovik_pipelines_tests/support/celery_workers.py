@@ -21,8 +21,8 @@ from pathlib import Path
 
 from dagster import Definitions, FilesystemIOManager, job, op
 
-from mostovik_pipelines.execution import current_celery_task_id, executor_from_environment
-from mostovik_pipelines.settings import data_dir, setting
+from mostovik_pipelines.core.settings import data_dir, setting
+from mostovik_pipelines.platform.execution import current_celery_task_id, executor_from_environment
 from mostovik_pipelines_tests.support.processes import stop_session
 
 REPO = Path(__file__).resolve().parents[2]

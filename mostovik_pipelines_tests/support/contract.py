@@ -18,9 +18,9 @@ from dagster import AssetKey, Definitions, GraphDefinition
 from sqlalchemy import String
 from sqlalchemy.dialects import postgresql
 
+from mostovik_pipelines.core.retries import RetryPolicy
+from mostovik_pipelines.core.tags import JOB_TYPE_TAG, SOURCE_TAG
 from mostovik_pipelines.framework.quality.checks import partition_checks
-from mostovik_pipelines.framework.retries import RetryPolicy
-from mostovik_pipelines.framework.runs.tags import JOB_TYPE_TAG, SOURCE_TAG
 from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
 from mostovik_pipelines.resources.http import HttpSourceResource
@@ -168,7 +168,7 @@ def _retry_problems(spec: SourceSpec, definitions: Definitions, module: str) -> 
         job = repository.get_job(f"{spec.name}_job")
         problems += [
             f"op {op_name} has a Dagster RetryPolicy: it would retry failures unclassified; "
-            "retries go through framework/retries.py only"
+            "retries go through core/retries.py only"
             for op_name in _ops_with_dagster_retries(job.graph, job.op_retry_policy)]
     return problems
 

@@ -1,9 +1,11 @@
 """The commands the README and docs/*.md show, as an operator types them, and a runner that
 types them: the documents' examples run by the tests as written.
 
-A command is a line of a fenced ``sh`` block (a ``\\`` at a line's end continues it), or a
+A command is a line of a fenced ``sh`` block (a ``\\`` at a line's end continues it), a
 ``$``-prompted line of a ``console`` block, whose following lines are the output the document
-shows. ``text`` blocks are synopses (``S``, ``A``, ``WHY`` stand for values), not commands.
+shows, or a line of an indented block whose first line starts as a command does
+(:data:`COMMAND_STARTS`). ``text`` blocks are synopses (``S``, ``A``, ``WHY`` stand for values),
+not commands; a command named in prose is a reference to one of these, not one to type.
 A test picks a command by its document and how it starts (:func:`shown_command`) and runs the
 whole line the document shows through ``bash`` (:func:`run_shown`), placeholders such as
 ``RUN_ID`` replaced by real values; :func:`not_run` names every shown command no test picks.
@@ -19,8 +21,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", *sorted(str(path.relative_to(REPO))
-                                  for path in (REPO / "docs").glob("*.md")))
+                                  for path in (REPO / "docs").glob("*.md")),
+             "deploy/README.md", "benchmarks/README.md")
 FENCE = re.compile(r"^ *```(\w*)\n(.*?)^ *```", re.MULTILINE | re.DOTALL)
+INDENTED = re.compile(r"(?:^|\n\n)((?:    \S.*(?:\n|$))+)")
+"""A block indented four spaces after a blank line (Markdown's indented code block)."""
+COMMAND_STARTS = ("python ", "make ", "mostovik ", "dagster ", "dg ", ".venv/")
+"""How the first line of an indented block that is a command starts (other indented blocks are
+shown output or text)."""
 STANDS_FOR_ANY = {
     r"\b[0-9a-f]{8}\b": "[0-9a-f]{8}",  # a run id as shown in output: its first 8 hex digits
     r"(?<=backfill )[a-z]{8}\b": "[a-z]{8}",  # a backfill id (Dagster's: 8 lowercase letters)
@@ -70,6 +78,18 @@ def shown_commands(documents: Iterable[str] = DOCUMENTS) -> list[ShownCommand]:
                     end = prompts[i + 1] if i + 1 < len(prompts) else len(lines)
                     found.append(ShownCommand(document, lines[start][2:].strip(),
                                               tuple(lines[start + 1:end])))
+        found.extend(_indented_commands(document))
+    return found
+
+
+def _indented_commands(document: str) -> list[ShownCommand]:
+    """The command lines of ``document``'s indented blocks (its fenced blocks left out)."""
+    text = FENCE.sub("", (REPO / document).read_text(encoding="utf-8"))
+    found = []
+    for match in INDENTED.finditer(text):
+        lines = _joined(match.group(1).splitlines())
+        if lines and lines[0].strip().startswith(COMMAND_STARTS):
+            found.extend(ShownCommand(document, line.strip()) for line in lines if line.strip())
     return found
 
 

@@ -54,7 +54,7 @@ from dagster._core.scheduler.instigation import (
 from dagster._core.storage.dagster_run import DagsterRun, RunsFilter
 from dagster._core.workspace.load import location_origins_from_yaml_paths
 
-from mostovik_pipelines.local_runs import standin_environment
+from mostovik_pipelines.operator.local_runs import standin_environment
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support import dagster_daemon
 from mostovik_pipelines_tests.support.graphql import LOCATION_NAME, REPOSITORY_NAME

@@ -13,7 +13,7 @@ import psycopg
 import yaml
 from dagster import DagsterInstance
 
-from mostovik_pipelines.framework.dagster_compat import run_event_log_dir
+from mostovik_pipelines.core.dagster_compat import run_event_log_dir
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.postgres import ThrowawayPostgres
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from dagster import ConfigurableResource, Definitions
 
+from mostovik_pipelines.core.retries import RetryPolicy
 from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.framework.assets.resource_keys import source_resource_key
-from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources import HttpSourceResource, LandingStoreResource, WarehouseResource
 from mostovik_pipelines.resources.inbox import InboxResource
@@ -22,7 +22,7 @@ from mostovik_pipelines.standin import StandinServer
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.05, max_delay_seconds=0.2)
 """Short retry delays, so retry tests take seconds, not minutes (a store's outage budget is its
-setting's, :mod:`mostovik_pipelines.framework.outages`)."""
+setting's, :mod:`mostovik_pipelines.core.outages`)."""
 
 
 def code_location_for(warehouse_url: str, standin_server: StandinServer, work_dir: Path,

@@ -63,6 +63,19 @@ def require_binary(name: str) -> str:
     return found
 
 
+NO_SERVERS = "MOSTOVIK_TESTS_NO_SERVERS"
+"""Set by ``make check``: a test that starts a server there is one its marking missed."""
+
+
+def refuse_server_in_quick_check(server: str) -> None:
+    """Fails a ``make check`` test that starts ``server``: conftest marks the tests that need
+    one (``servers``) from their fixtures and markers, and ``make check`` leaves those out."""
+    if os.environ.get(NO_SERVERS):
+        raise MachineNotReady(
+            f"this test starts {server} under make check: mark it `servers` "
+            f"(pytest.mark.servers, or a fixture conftest's SERVER_FIXTURES names)")
+
+
 def missing_packages() -> list[str]:
     """The Debian packages whose binaries are missing, each named once."""
     wanted = {**PACKAGES, **(ROOT_PACKAGES if os.geteuid() == 0 else {})}

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from mostovik_pipelines_tests.support.machine import refuse_server_in_quick_check
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import stop_process
 from mostovik_pipelines_tests.support.waiting import PROCESS_START_MARGIN_SECONDS, wait_until
@@ -73,6 +74,7 @@ class S3ApiServer:
         self.buckets: Buckets | None = None
 
     def start(self) -> S3ApiServer:
+        refuse_server_in_quick_check("an S3 API server")
         if self.in_process:
             from moto.server import ThreadedMotoServer
 

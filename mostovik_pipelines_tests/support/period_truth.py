@@ -30,10 +30,10 @@ from urllib.parse import parse_qs, urlencode
 from dagster import DagsterInstance, RunsFilter, TimeWindowPartitionsDefinition
 from sqlalchemy import Boolean, Date, DateTime, Numeric, Table, select
 
+from mostovik_pipelines.core.load_target import LoadMode
+from mostovik_pipelines.core.tags import SOURCE_TAG
 from mostovik_pipelines.framework.automation.deadlines import WATCH
-from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.validation import validate_partition
-from mostovik_pipelines.framework.runs.tags import SOURCE_TAG
 from mostovik_pipelines.framework.spec import (
     ExtractRequest,
     ParsedRows,

@@ -25,6 +25,7 @@ from pathlib import Path
 from mostovik_pipelines_tests.support.machine import (
     SERVER_USER,
     ensure_server_user,
+    refuse_server_in_quick_check,
     require_binary,
 )
 
@@ -55,6 +56,7 @@ class ThrowawayPostgres:
         subprocess.run(command, check=True, capture_output=True, text=True)
 
     def start(self) -> ThrowawayPostgres:
+        refuse_server_in_quick_check("PostgreSQL")
         self.socket_dir.mkdir(parents=True)
         pwfile = self.root / "pwfile"
         pwfile.write_text(self.password)
@@ -143,7 +145,7 @@ def cut_claim_connections(observer, port: int, run_id: str | None = None) -> lis
     parameters: tuple = ()
     if run_id is not None:
         # Imported here: the servers' support stays free of the package (the benchmarks use it).
-        from mostovik_pipelines.framework.runs.claims import _lock_key
+        from mostovik_pipelines.platform.claims import _lock_key
 
         # pg_locks shows a bigint advisory key as its high and low 32 bits, objsubid 1.
         key = _lock_key(run_id) & 0xFFFF_FFFF_FFFF_FFFF

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
-from mostovik_pipelines.framework.runs.claims import hold_driver_claim, hold_run_claim
+from mostovik_pipelines.platform.claims import hold_driver_claim, hold_run_claim
 
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 RERUN_IN_PROCESS = (
     "import sys; from dagster import DagsterInstance; "
-    "from mostovik_pipelines.framework.runs.recovery import rerun_from_failure; "
+    "from mostovik_pipelines.platform.recovery import rerun_from_failure; "
     "rerun_from_failure(DagsterInstance.get(), sys.argv[1])")
 """``python -c`` code of a re-execution from failure of run ``argv[1]`` executed in its process
 (``mostovik jobs rerun`` queues one for the daemon instead)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import redis
 
-from mostovik_pipelines_tests.support.machine import require_binary
+from mostovik_pipelines_tests.support.machine import refuse_server_in_quick_check, require_binary
 from mostovik_pipelines_tests.support.postgres import free_port
 from mostovik_pipelines_tests.support.processes import stop_process
 
@@ -32,6 +32,7 @@ class ThrowawayRedis:
         self._process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> ThrowawayRedis:
+        refuse_server_in_quick_check("Redis")
         config = self.root / "redis.conf"
         config.write_text("\n".join([
             "bind 127.0.0.1", f"port {self.port}", "save ''",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance, DagsterRun, RunsFilter
 
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.maintenance.job import PRUNE_SCHEDULE
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.graphql import RUN_LIMIT_SECONDS

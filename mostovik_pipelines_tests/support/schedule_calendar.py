@@ -24,7 +24,7 @@ from pathlib import Path
 from dagster import DagsterRun, RunsFilter
 from dagster._core.scheduler.instigation import InstigatorTick, TickStatus
 
-from mostovik_pipelines.framework.runs.tags import REQUESTED_BECAUSE_TAG, SOURCE_TAG, run_partitions
+from mostovik_pipelines.core.tags import REQUESTED_BECAUSE_TAG, SOURCE_TAG, run_partitions
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin import StandinClient, StandinServer

@@ -11,7 +11,7 @@ A run takes one partition, or a range of them when the source's backfill policy 
 op then works partition by partition. In a ranged run a partition that fails permanently is set
 aside and the others go on; the run fails at the end, naming the failed partitions, with the
 good ones loaded. A retried step resumes: what its run already landed or loaded is not redone,
-and each partition has a retry budget of its own (:mod:`mostovik_pipelines.framework.retries`).
+and each partition has a retry budget of its own (:mod:`mostovik_pipelines.core.retries`).
 
 Recovery never goes back in time:
 
@@ -50,6 +50,7 @@ from dagster import (
     schedule,
 )
 
+from mostovik_pipelines.core.tags import business_tags
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
     WAREHOUSE_KEY,
@@ -59,7 +60,6 @@ from mostovik_pipelines.framework.assets.view import asset_kinds, asset_metadata
 from mostovik_pipelines.framework.automation.catch_up import plan_catch_up
 from mostovik_pipelines.framework.automation.deadlines import deadline_check
 from mostovik_pipelines.framework.quality.checks import check_specs
-from mostovik_pipelines.framework.runs.tags import business_tags
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import StepOutcomes
 from mostovik_pipelines.framework.verification.check import verification_check_spec

@@ -37,10 +37,10 @@ from dagster import (
     sensor,
 )
 
+from mostovik_pipelines.core.settings import setting
+from mostovik_pipelines.core.tags import REQUESTED_BECAUSE_TAG
 from mostovik_pipelines.framework.automation.catch_up import Reason, file_versions_to_retry
-from mostovik_pipelines.framework.runs.tags import REQUESTED_BECAUSE_TAG
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of, version_key
-from mostovik_pipelines.settings import setting
 
 if TYPE_CHECKING:
     from mostovik_pipelines.framework.spec import SourceSpec

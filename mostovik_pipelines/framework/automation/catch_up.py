@@ -41,17 +41,17 @@ from datetime import datetime, timedelta
 
 from dagster import DagsterInstance, RunRequest, RunsFilter, TimeWindowPartitionsDefinition
 
-from mostovik_pipelines.framework.automation.partition_states import (
-    Outcome,
-    PartitionState,
-    partition_states,
-)
-from mostovik_pipelines.framework.runs.tags import (
+from mostovik_pipelines.core.tags import (
     PARTITION_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
     REQUESTED_BECAUSE_TAG,
     SOURCE_TAG,
+)
+from mostovik_pipelines.framework.automation.partition_states import (
+    Outcome,
+    PartitionState,
+    partition_states,
 )
 from mostovik_pipelines.framework.spec import JobType, SourceSpec
 

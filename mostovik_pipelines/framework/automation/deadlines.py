@@ -54,16 +54,16 @@ from dagster import (
     sensor,
 )
 
+from mostovik_pipelines.core.dagster_compat import AssetCheckExecutionRecordStatus
+from mostovik_pipelines.core.settings import setting
+from mostovik_pipelines.core.tags import SOURCE_TAG
 from mostovik_pipelines.framework.automation.catch_up import RUNS_BEFORE_WINDOW
 from mostovik_pipelines.framework.automation.partition_states import (
     PartitionState,
     partition_states,
 )
-from mostovik_pipelines.framework.dagster_compat import AssetCheckExecutionRecordStatus
-from mostovik_pipelines.framework.runs.tags import SOURCE_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
-from mostovik_pipelines.settings import setting
 
 DEADLINE_CHECK = "period_deadlines"
 WATCH = timedelta(days=int(setting("MOSTOVIK_DEADLINE_WATCH_DAYS", "31")))

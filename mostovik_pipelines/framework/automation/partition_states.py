@@ -42,7 +42,7 @@ from dagster import (
     TimeWindowPartitionsDefinition,
 )
 
-from mostovik_pipelines.framework.runs.tags import (
+from mostovik_pipelines.core.tags import (
     ERROR_CLASS_KEY,
     FAILED_PERMANENTLY_KEY,
     PERMANENT,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from mostovik_pipelines.settings import setting
+from mostovik_pipelines.core.settings import setting
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from mostovik_pipelines.settings import setting
+from mostovik_pipelines.core.settings import setting
 
 PUBLIC_HOLIDAYS = ((1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7), (1, 8), (2, 23),
                    (3, 8), (5, 1), (5, 9), (6, 12), (11, 4))

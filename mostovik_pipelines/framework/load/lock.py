@@ -6,7 +6,7 @@ In the ADR's order of preference:
    whole transaction (below);
 2. the run-status check: before extract, a run looks in run storage for an older run of the same
    source and partition still in progress, and waits for it or stops
-   (:mod:`mostovik_pipelines.framework.runs.in_flight`);
+   (:mod:`mostovik_pipelines.platform.in_flight`);
 3. unique constraints on every natural key (the warehouse migrations);
 4. safe re-execution: every load is an idempotent upsert.
 

@@ -64,7 +64,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy import Connection, Engine, Table, bindparam, func, select, text
 
-from mostovik_pipelines.framework.errors import ConfigurationError, DataValidationError
+from mostovik_pipelines.core.errors import ConfigurationError, DataValidationError
+from mostovik_pipelines.core.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
 from mostovik_pipelines.framework.load import sql, transfer
 from mostovik_pipelines.framework.load.ledger import (
     LastLoad,
@@ -75,8 +76,7 @@ from mostovik_pipelines.framework.load.ledger import (
     rows_digest,
 )
 from mostovik_pipelines.framework.load.lock import lock_partition
-from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode, LoadTarget
-from mostovik_pipelines.framework.runs.claims import ensure_run_claim
+from mostovik_pipelines.platform.claims import ensure_run_claim
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS
 
 KEY_PROBES = 16

@@ -48,13 +48,13 @@ from dagster import (
 )
 from sqlalchemy import ARRAY, Engine, all_, bindparam, func, select, text, tuple_
 
-from mostovik_pipelines.framework.assets.view import markdown_table
-from mostovik_pipelines.framework.dagster_compat import (
+from mostovik_pipelines.core.dagster_compat import (
     AssetCheckEvaluationTargetMaterializationData,
 )
-from mostovik_pipelines.framework.errors import classify
-from mostovik_pipelines.framework.load_target import LoadMode
-from mostovik_pipelines.framework.outages import Store, is_away
+from mostovik_pipelines.core.errors import classify
+from mostovik_pipelines.core.load_target import LoadMode
+from mostovik_pipelines.core.outages import Store, is_away
+from mostovik_pipelines.framework.assets.view import markdown_table
 from mostovik_pipelines.framework.quality.quarantine import quarantined_rows
 from mostovik_pipelines.framework.quality.shape import ShapeReport
 from mostovik_pipelines.framework.spec import (

@@ -28,8 +28,8 @@ import pandas as pd
 from sqlalchemy import BigInteger, Date, Integer, String
 from sqlalchemy.types import TypeEngine
 
-from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
-from mostovik_pipelines.framework.load_target import LoadMode, LoadTarget
+from mostovik_pipelines.core.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.core.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.framework.spec import ParsedRows, RejectedRow
 from mostovik_pipelines.warehouse.types import ExactDecimal
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from mostovik_pipelines.framework.errors import SourceContractError
+from mostovik_pipelines.core.errors import SourceContractError
 from mostovik_pipelines.framework.readers.headers import (
     HEADER_SEARCH_ROWS,
     header_score,

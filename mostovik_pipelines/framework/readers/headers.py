@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from mostovik_pipelines.framework.errors import SourceContractError
+from mostovik_pipelines.core.errors import SourceContractError
 from mostovik_pipelines.framework.quality.shape import (
     SAMPLE_VALUES,
     ObservedShape,

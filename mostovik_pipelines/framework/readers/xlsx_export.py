@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import python_calamine
 
-from mostovik_pipelines.framework.errors import SourceContractError
+from mostovik_pipelines.core.errors import SourceContractError
 from mostovik_pipelines.framework.readers.sheet import Sheet, is_empty
 
 MB = 1024 * 1024

@@ -8,7 +8,7 @@ import contextlib
 import xml.etree.ElementTree as ET
 from xml.parsers import expat
 
-from mostovik_pipelines.framework.errors import SourceContractError
+from mostovik_pipelines.core.errors import SourceContractError
 
 
 def parse_xml(content: bytes, document: str) -> ET.Element:

@@ -6,7 +6,7 @@ one is set).
   code location, the implicit asset job of UI asset backfills included (Dagster matches runs
   launched through the location: the UI, schedules, sensors, backfills, re-executions; a run of
   ``dagster job execute`` has no location and is seen by its caller). Each failed run gets one
-  alert, built from the job view of :mod:`.tracking` (source, period, the classified error,
+  alert, built from the job view of :mod:`.platform.tracking` (source, period, the classified error,
   and who asked for the run and why when it carries ``mostovik/requested_by`` and
   ``mostovik/reason``), unless the daemon's run retries will run it again (its retry alerts
   if it fails too); the partitions it failed for a permanent reason are named as waiting for
@@ -51,20 +51,20 @@ from dagster import (
     sensor,
 )
 
+from mostovik_pipelines.core.errors import SourceShapeChanged
+from mostovik_pipelines.core.settings import setting
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.framework.automation.partition_states import waiting_for_operator
-from mostovik_pipelines.framework.errors import SourceShapeChanged
 from mostovik_pipelines.framework.quality.shape import (
     CHANGE_KEY,
     FINGERPRINT_KEY,
     OUTCOME_KEY,
     SHAPE_KEY,
 )
-from mostovik_pipelines.framework.runs.status import JobStatus, record_failed
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
-from mostovik_pipelines.framework.runs.tracking import load_job
 from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.platform.status import JobStatus, record_failed
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.resources.notifier import Alert, AlertNotifierResource
-from mostovik_pipelines.settings import setting
 
 ALERT_NOTIFIER_KEY = "alert_notifier"
 ALERT_INTERVAL_SECONDS = int(setting("MOSTOVIK_ALERT_SENSOR_INTERVAL_SECONDS", "15"))

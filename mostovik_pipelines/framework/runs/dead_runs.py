@@ -12,18 +12,20 @@ deploy/dagster.yaml) are a backstop, not a minute. So a worker that dies with it
 job execute`` left its run "started" until ``max_runtime`` (hours).
 
 The ``dead_runs`` sensor, running in the daemon, looks at the runs of the jobs whose executor
-holds the run's claims (:mod:`.claims`: they die with the process) and marks a run dead once it
-is found without a live process on two looks at least :data:`CONFIRM_SECONDS` apart:
+holds the run's claims (:mod:`.platform.claims`: they die with the process) and marks a run
+dead once it is found without a live process on two looks at least :data:`CONFIRM_SECONDS`
+apart:
 
 * **started** (or **cancelling**, once started): its driver claim, held by the process driving
   the run from the moment its executor starts (just after the run's start is recorded), is
   free, the first look past a short grace (:data:`START_GRACE_SECONDS`) for a run that has
   started no step yet. A step that process left running on a Celery worker holds the run's
   claim, not the driver claim: the run is marked while that step still runs, and its retry waits
-  for the step to end before it touches the partitions (:mod:`.in_flight`). A live run whose
-  claim connection the database dropped for a moment has taken it again by the second look;
+  for the step to end before it touches the partitions (:mod:`.platform.in_flight`). A live run
+  whose claim connection the database dropped for a moment has taken it again by the second
+  look;
 * **starting** (or cancelled before it started): the code server that launched it no longer
-  runs it (asked over gRPC, :func:`.dagster_compat.code_server_runs`): it is unreachable, or a
+  runs it (asked over gRPC, :func:`.core.dagster_compat.code_server_runs`): it is unreachable, or a
   new server that knows none of the old one's runs. A run worker dies with its code server's
   control group (deploy/systemd's ``KillMode``), so its server gone means it is gone.
 
@@ -34,7 +36,7 @@ daemon's run retries (``run_retries`` in deploy/dagster.yaml) run a daemon-launc
 so it does not claim a retry that never comes, and its alert is sent here
 (``run_failure_alerts`` sees only runs launched through the code location). A cancelling run
 is marked cancelled, as run monitoring's cancel timeout would, an operator having asked for
-it: no retry, no alert. Either way its ADR status says failed (:mod:`.status`).
+it: no retry, no alert. Either way its ADR status says failed (:mod:`.platform.status`).
 """
 
 from __future__ import annotations
@@ -56,12 +58,12 @@ from dagster import (
     sensor,
 )
 
-from mostovik_pipelines.framework.dagster_compat import code_server_runs, run_failed_unexpectedly
+from mostovik_pipelines.core.dagster_compat import code_server_runs, run_failed_unexpectedly
+from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.framework.runs.alerts import run_failure_alert
-from mostovik_pipelines.framework.runs.status import record_failed
 from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.platform.status import record_failed
 from mostovik_pipelines.resources.notifier import AlertNotifierResource
-from mostovik_pipelines.settings import setting
 
 DEAD_RUNS_SENSOR = "dead_runs"
 INTERVAL_SECONDS = int(setting("MOSTOVIK_DEAD_RUN_SENSOR_INTERVAL_SECONDS", "10"))
@@ -69,7 +71,7 @@ INTERVAL_SECONDS = int(setting("MOSTOVIK_DEAD_RUN_SENSOR_INTERVAL_SECONDS", "10"
 confirmation."""
 CONFIRM_SECONDS = 10.0
 """A claim must be found free twice, this far apart: a live run's keeper takes a dropped claim
-again within about 3 s (:data:`.claims.KEEPER_CHECK_SECONDS` and a reconnect)."""
+again within about 3 s (:data:`.platform.claims.KEEPER_CHECK_SECONDS` and a reconnect)."""
 START_GRACE_SECONDS = 10.0
 """A started run takes its driver claim as its executor starts, right after its start is
 recorded (Dagster's ``job_execution_iterator``: the start event, then the executor): a started
@@ -94,7 +96,7 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
     def dead_runs(context: SensorEvaluationContext,
                   alert_notifier: AlertNotifierResource) -> SkipReason:
         # Imported here: loading the code location imports no database driver.
-        from mostovik_pipelines.framework.runs.claims import driver_claim_held
+        from mostovik_pipelines.platform.claims import driver_claim_held
 
         instance = context.instance
         watched = {job.name for job in context.repository_def.get_all_jobs()
@@ -202,6 +204,6 @@ def _status_of(instance: DagsterInstance, run_id: str) -> DagsterRunStatus | Non
 
 
 def _holds_run_claim(executor_def) -> bool:
-    from mostovik_pipelines.execution import holds_run_claim
+    from mostovik_pipelines.platform.execution import holds_run_claim
 
     return holds_run_claim(executor_def)

@@ -44,8 +44,8 @@ from dagster import (
 from sqlalchemy import Engine
 
 from mostovik_pipelines.framework.load.ledger import LedgerEntry, ledger_entries
-from mostovik_pipelines.framework.runs.tracking import Job, JobStatus
 from mostovik_pipelines.framework.spec import SourceSpec
+from mostovik_pipelines.platform.tracking import Job, JobStatus
 
 RECORDED_BY_KEY = "mostovik/recorded_by"
 RECORDED_BY = "mostovik tracker rebuild"

@@ -9,19 +9,19 @@ from datetime import UTC, datetime
 
 from dagster import DagsterEventType, DagsterRunStatus, OpExecutionContext, RunsFilter
 
+from mostovik_pipelines.core.errors import (
+    ConfigurationError,
+    PageCursorExpired,
+    PermanentError,
+)
+from mostovik_pipelines.core.retries import NO_RETRY, StepContext
+from mostovik_pipelines.core.tags import PARTITION_TAG
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
     WAREHOUSE_KEY,
     source_resource_key,
 )
 from mostovik_pipelines.framework.assets.stored_payload import stored_payload_hashes
-from mostovik_pipelines.framework.errors import (
-    ConfigurationError,
-    PageCursorExpired,
-    PermanentError,
-)
-from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
-from mostovik_pipelines.framework.runs.tags import PARTITION_TAG
 from mostovik_pipelines.framework.spec import ExtractRequest, PageCursor, RawPayload, SourceSpec
 from mostovik_pipelines.framework.steps.lifecycle import (
     fail_or_set_aside,
@@ -29,7 +29,11 @@ from mostovik_pipelines.framework.steps.lifecycle import (
     riding_out,
 )
 from mostovik_pipelines.framework.steps.outcomes import LandedPages, PartitionFailure, page_cursor
-from mostovik_pipelines.framework.steps.sync_progress import committed_progress, pages_to_resume
+from mostovik_pipelines.framework.steps.sync_progress import (
+    committed_progress,
+    pages_to_resume,
+    settle_moment,
+)
 from mostovik_pipelines.resources.landing import LandedPayload
 
 
@@ -101,8 +105,10 @@ def _reuse_landed(context: OpExecutionContext, spec: SourceSpec, key: str,
 def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
                    full_resync: bool) -> LandedPages | PartitionFailure:
     """Land the partition's pages, starting after its committed progress (or after what this
-    run already landed, in a retried step): a committed page is never fetched again. An expired
-    page token restarts the page with the window narrowed to after the last item received."""
+    run already landed, in a retried step): a committed page is never fetched again, unless it
+    was fetched before the window settled and this run started after (:func:`settle_moment`).
+    An expired page token restarts the page with the window narrowed to after the last item
+    received."""
     landing = getattr(context.resources, LANDING_KEY)
     mine = landing.pages_landed_by(spec.name, key, context.run_id)
     if mine:
@@ -112,7 +118,15 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
             return LandedPages(tuple(mine), resumed_after)
     else:
         engine = getattr(context.resources, WAREHOUSE_KEY).engine()
+        settled = _settled_before_this_run(context, spec, key)
         progress = None if full_resync else committed_progress(engine, spec.name, key)
+        if progress and settled and not _started_after(context, progress.run_id, settled):
+            context.log.info(
+                f"{spec.name} [{key}]: not resuming after page {progress.pages_committed} "
+                f"committed by run {progress.run_id}: that run started before the window "
+                f"settled ({settled.isoformat()}), so a change made visible late behind those "
+                "pages would be missed; syncing the window from its start")
+            progress = None
         resumed_after = progress.pages_committed if progress else 0
         cursor = progress.next_cursor if progress else None
         if progress:
@@ -122,6 +136,13 @@ def _extract_pages(context: OpExecutionContext, spec: SourceSpec, key: str,
         if stopped is not None:
             mine = pages_to_resume(landing.pages_landed_by(spec.name, key, stopped),
                                    resumed_after, cursor, landing.is_whole)
+        if mine and settled and min(page.fetched_at for page in mine) < settled:
+            context.log.info(
+                f"{spec.name} [{key}]: not taking up pages {mine[0].page}-{mine[-1].page} "
+                f"landed by run {mine[0].run_id}: they were fetched before the window settled "
+                f"({settled.isoformat()}), so a change made visible late behind them would be "
+                "missed; fetching them again")
+            mine = []
         if mine:
             context.log.info(
                 f"{spec.name} [{key}]: taking up pages {mine[0].page}-{mine[-1].page} landed by "
@@ -184,3 +205,23 @@ def _stopped_midway(context: OpExecutionContext, key: str) -> str | None:
         if error_class is None or error_class.value != "transient":
             return None
     return run_id
+
+
+def _settled_before_this_run(context: OpExecutionContext, spec: SourceSpec,
+                             key: str) -> datetime | None:
+    """The window's settle moment if this run started after it (what was fetched before it may
+    then lack late changes), else None."""
+    settled = settle_moment(spec, key)
+    if settled is None or not _started_after(context, context.run_id, settled):
+        return None
+    return settled
+
+
+def _started_after(context: OpExecutionContext, run_id: str, moment: datetime) -> bool:
+    """Whether run ``run_id`` started at or after ``moment`` (a run no longer in run storage
+    counts as earlier: reading its window again is safe, trusting it is not)."""
+    record = context.instance.get_run_record_by_id(run_id)
+    if record is None:
+        return False
+    started = record.start_time or record.create_timestamp.timestamp()
+    return started >= moment.timestamp()

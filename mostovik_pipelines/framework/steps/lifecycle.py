@@ -12,9 +12,9 @@ from typing import TypeVar
 
 from dagster import AssetKey, OpExecutionContext, RetryRequested
 
-from mostovik_pipelines.framework.errors import ConcurrentRunError, classify
-from mostovik_pipelines.framework.outages import Store, away_store, ride_out
-from mostovik_pipelines.framework.retries import (
+from mostovik_pipelines.core.errors import ConcurrentRunError, classify
+from mostovik_pipelines.core.outages import Store, away_store, ride_out
+from mostovik_pipelines.core.retries import (
     NO_RETRY,
     RetryPolicy,
     StepContext,
@@ -22,23 +22,23 @@ from mostovik_pipelines.framework.retries import (
     outage_recorder,
     retry_or_fail,
 )
-from mostovik_pipelines.framework.runs.claims import hold_run_claim
-from mostovik_pipelines.framework.runs.in_flight import RunClaim, older_runs_in_flight
-from mostovik_pipelines.framework.runs.status import JobStatus, record, record_running
-from mostovik_pipelines.framework.runs.tags import ERROR_CLASS_KEY, PERMANENT, business_tags
-from mostovik_pipelines.framework.runs.tracking import (
-    STEP_CELERY_TASK,
-    STEP_EXECUTOR,
-    STEP_HOST,
-    STEP_PID,
-)
+from mostovik_pipelines.core.settings import EXECUTOR_ENV
+from mostovik_pipelines.core.tags import ERROR_CLASS_KEY, PERMANENT, business_tags
 from mostovik_pipelines.framework.spec import ConcurrentRunPolicy, SourceSpec
 from mostovik_pipelines.framework.steps.outcomes import (
     PartitionFailure,
     PartitionSkipped,
     StepOutcomes,
 )
-from mostovik_pipelines.settings import EXECUTOR_ENV
+from mostovik_pipelines.platform.claims import hold_run_claim
+from mostovik_pipelines.platform.in_flight import RunClaim, older_runs_in_flight
+from mostovik_pipelines.platform.status import JobStatus, record, record_running
+from mostovik_pipelines.platform.tracking import (
+    STEP_CELERY_TASK,
+    STEP_EXECUTOR,
+    STEP_HOST,
+    STEP_PID,
+)
 
 T = TypeVar("T")
 CONCURRENT_RUN_POLL_SECONDS = 3.0
@@ -149,8 +149,8 @@ def record_step(context: OpExecutionContext, spec: SourceSpec) -> None:
     backfill run gets them here) and as running (its final status replaces that), and report
     the step's host, process, executor and Celery task as an engine event of the step, on the
     run page where they are read, not in the run list."""
-    from mostovik_pipelines.execution import current_celery_task_id
-    from mostovik_pipelines.framework.dagster_compat import EngineEventData
+    from mostovik_pipelines.core.dagster_compat import EngineEventData
+    from mostovik_pipelines.platform.execution import current_celery_task_id
 
     # A re-execution (the UI's, a daemon run retry) starts with its parent's tags, the parent's
     # final status among them: the run list must not show it as this run's.

@@ -19,13 +19,16 @@ from dagster import (
     OpExecutionContext,
 )
 
+from mostovik_pipelines.core.errors import PartitionCheckFailed, classify
+from mostovik_pipelines.core.load_target import LoadMode
+from mostovik_pipelines.core.retries import NO_RETRY, StepContext
+from mostovik_pipelines.core.tags import FAILED_PERMANENTLY_KEY
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
     WAREHOUSE_KEY,
     source_resource_key,
 )
 from mostovik_pipelines.framework.assets.view import PREVIEW_ROWS, preview
-from mostovik_pipelines.framework.errors import PartitionCheckFailed, classify
 from mostovik_pipelines.framework.load.ledger import record_load
 from mostovik_pipelines.framework.load.partition import (
     KeptRows,
@@ -33,15 +36,10 @@ from mostovik_pipelines.framework.load.partition import (
     PartitionSuperseded,
     load_partition,
 )
-from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.checks import blocks, evaluate_partition
 from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
 from mostovik_pipelines.framework.quality.shape import shape_metadata
 from mostovik_pipelines.framework.quality.validation import row_text
-from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
-from mostovik_pipelines.framework.runs.status import completed_or_partial, record
-from mostovik_pipelines.framework.runs.tags import FAILED_PERMANENTLY_KEY
-from mostovik_pipelines.framework.runs.tracking import LOAD_COUNT_KEYS
 from mostovik_pipelines.framework.spec import LoadedPartition, ReceivedRows, RejectedRow, SourceSpec
 from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, riding_out
 from mostovik_pipelines.framework.steps.outcomes import (
@@ -54,6 +52,8 @@ from mostovik_pipelines.framework.steps.outcomes import (
 )
 from mostovik_pipelines.framework.steps.reexecution import partitions_materialized_by_run
 from mostovik_pipelines.framework.steps.sync_progress import committed_progress, save_progress
+from mostovik_pipelines.platform.status import completed_or_partial, record
+from mostovik_pipelines.platform.tracking import LOAD_COUNT_KEYS
 
 SHOWN_FAILURES = 5
 """Failed partitions named in a ranged run's failure."""

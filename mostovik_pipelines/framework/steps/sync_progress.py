@@ -14,6 +14,14 @@ checkpoint. The partition's next run takes them up (:func:`pages_to_resume`) ins
 fetching them again: the chain of that run's pages that starts exactly where the checkpoint says
 the next page starts and follows page to page by cursor. It fetches from the end of that chain;
 the checkpoint still moves only with the committed rows.
+
+A source with a settle time (:attr:`.CatchUpPolicy.settle`) makes a change visible up to that
+long after its ``updated_at``, so a page fetched before the window's close plus the settle time
+(:func:`settle_moment`) may lack a change stamped inside its range. A run that starts after that
+moment takes up neither committed progress nor landed pages fetched before it: it syncs the
+window from its start (the merge by version makes the pages read again harmless), so the run
+that makes the window final has read all of it after it settled. Progress and pages from after
+the settle moment are taken up as before.
 """
 
 from __future__ import annotations
@@ -23,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+from dagster import TimeWindowPartitionsDefinition
 from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from mostovik_pipelines.framework.spec import PageCursor
+from mostovik_pipelines.framework.spec import JobType, PageCursor, SourceSpec
 from mostovik_pipelines.resources.landing import LandedPayload
 from mostovik_pipelines.warehouse.schema import sync_progress
 
@@ -91,3 +100,14 @@ def pages_to_resume(landed: list[LandedPayload], pages_committed: int,
             break
         cursor, number = pages[number].next_cursor, number + 1
     return chain
+
+
+def settle_moment(spec: SourceSpec, partition_key: str) -> datetime | None:
+    """When the sync window ``partition_key`` has settled: its close plus the source's settle
+    time, after which every change stamped inside it is visible. None for a source without a
+    settle time (what it has fetched of a window stays true), or one that is not a sync."""
+    if (spec.job_type is not JobType.SYNC or not spec.catch_up.settle
+            or not isinstance(spec.partitions_def, TimeWindowPartitionsDefinition)):
+        return None
+    return spec.partitions_def.time_window_for_partition_key(partition_key).end + (
+        spec.catch_up.settle)

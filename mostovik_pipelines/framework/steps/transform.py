@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 from dagster import AssetKey, AssetObservation, OpExecutionContext
 
+from mostovik_pipelines.core.errors import SourceContractError, SourceShapeChanged
+from mostovik_pipelines.core.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
-from mostovik_pipelines.framework.errors import SourceContractError, SourceShapeChanged
 from mostovik_pipelines.framework.quality.shape import (
     ObservedShape,
     ShapeReport,
@@ -20,7 +21,6 @@ from mostovik_pipelines.framework.quality.shape import (
     observation_metadata,
 )
 from mostovik_pipelines.framework.quality.validation import validate_partition
-from mostovik_pipelines.framework.retries import NO_RETRY, StepContext
 from mostovik_pipelines.framework.spec import (
     ParsedRows,
     PartitionNotAvailable,

@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 from sqlalchemy import Connection, Date, func, select, tuple_
 
-from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadTarget
+from mostovik_pipelines.core.load_target import KeyHeldElsewhere, LoadTarget
 from mostovik_pipelines.framework.quality.quarantine import quarantined_rows
 from mostovik_pipelines.framework.quality.validation import row_text
 from mostovik_pipelines.framework.spec import RejectedRow, SourceSpec

@@ -28,15 +28,15 @@ from dagster import (
     op,
 )
 
+from mostovik_pipelines.core.settings import setting
+from mostovik_pipelines.core.tags import JOB_TYPE_TAG, SOURCE_TAG
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
     WAREHOUSE_KEY,
     source_resource_key,
 )
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY
-from mostovik_pipelines.framework.runs.tags import JOB_TYPE_TAG, SOURCE_TAG
 from mostovik_pipelines.framework.spec import SourceSpec
-from mostovik_pipelines.settings import setting
 
 VERIFY_SOURCES_SETTING = "MOSTOVIK_VERIFY_SOURCES"
 VERIFY_CRON_SETTING = "MOSTOVIK_VERIFY_CRON"

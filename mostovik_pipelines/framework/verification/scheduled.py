@@ -17,17 +17,17 @@ from dagster import (
     TimeWindowPartitionsDefinition,
 )
 
+from mostovik_pipelines.core.dagster_compat import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from mostovik_pipelines.core.outages import Store, ride_out
+from mostovik_pipelines.core.retries import StepContext, outage_recorder
 from mostovik_pipelines.framework.assets.resource_keys import (
     LANDING_KEY,
     WAREHOUSE_KEY,
     source_resource_key,
 )
-from mostovik_pipelines.framework.dagster_compat import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
 from mostovik_pipelines.framework.load.ledger import ledger_entries
-from mostovik_pipelines.framework.outages import Store, ride_out
-from mostovik_pipelines.framework.retries import StepContext, outage_recorder
 from mostovik_pipelines.framework.runs.alerts import ALERT_NOTIFIER_KEY
 from mostovik_pipelines.framework.spec import JobType, SourceSpec
 from mostovik_pipelines.framework.verification.check import (

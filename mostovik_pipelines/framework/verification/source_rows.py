@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from mostovik_pipelines.framework.errors import PageCursorExpired, classify
+from mostovik_pipelines.core.errors import PageCursorExpired, classify
 from mostovik_pipelines.framework.load.ledger import LedgerEntry
 from mostovik_pipelines.framework.quality.shape import ObservedShape, judge
 from mostovik_pipelines.framework.quality.validation import validate_partition

@@ -11,7 +11,7 @@ from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
 
-from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.core.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.framework.quality.shape import observe_xml
 from mostovik_pipelines.framework.readers.xml import parse_xml
 from mostovik_pipelines.framework.spec import (

@@ -15,11 +15,12 @@ from datetime import datetime, time, timedelta
 from dagster import BackfillPolicy, DailyPartitionsDefinition
 from sqlalchemy import Column, Date, Index, Integer, String, select
 
+from mostovik_pipelines.core.load_target import LoadMode
+from mostovik_pipelines.core.retries import RetryPolicy
+from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.framework.automation.policy import PeriodDeadline
 from mostovik_pipelines.framework.automation.working_days import is_working_day
-from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
-from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import (
     CatchUpPolicy,
     CheckRequest,
@@ -30,7 +31,6 @@ from mostovik_pipelines.framework.spec import (
     SourceSpec,
 )
 from mostovik_pipelines.resources.http import HttpSourceResource
-from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.cbr_daily_rates.parse import (
     NAME_LENGTH,
     fetch_daily_rates,

@@ -21,13 +21,13 @@ from datetime import datetime, time
 from dagster import DailyPartitionsDefinition
 from sqlalchemy import Column, Date, Integer
 
+from mostovik_pipelines.core.load_target import LoadMode
+from mostovik_pipelines.core.retries import RetryPolicy
+from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.framework.automation.policy import PeriodDeadline
-from mostovik_pipelines.framework.load_target import LoadMode
 from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
-from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, SourceSchedule, SourceSpec
 from mostovik_pipelines.resources.http import HttpSourceResource
-from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.cbr_metal_prices.parse import fetch_metal_prices, parse_metal_prices
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal

@@ -12,11 +12,12 @@ from zoneinfo import ZoneInfo
 
 import orjson
 
-from mostovik_pipelines.framework.errors import (
+from mostovik_pipelines.core.errors import (
     PageCursorExpired,
     SourceContractError,
     SourceRequestRejected,
 )
+from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.framework.quality.shape import observe_records
 from mostovik_pipelines.framework.spec import (
     ExtractRequest,
@@ -26,7 +27,6 @@ from mostovik_pipelines.framework.spec import (
     RejectedRow,
     TransformRequest,
 )
-from mostovik_pipelines.settings import setting
 
 WORK_ORDERS_PATH = "api/v1/work-orders"
 PAGE_SIZE = int(setting("MOSTOVIK_ERP_PAGE_SIZE", "100"))

@@ -16,13 +16,13 @@ from datetime import datetime, timedelta
 from dagster import BackfillPolicy, DailyPartitionsDefinition, EnvVar
 from sqlalchemy import BigInteger, Boolean, Column, Date, DateTime, Index, String, Text
 
+from mostovik_pipelines.core.load_target import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.core.retries import RetryPolicy
+from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.framework.automation.policy import PeriodDeadline
-from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.framework.quality.shape import SourceShape, ValueKind, expect
-from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, SourceSchedule, SourceSpec
 from mostovik_pipelines.resources.http import HttpSourceResource
-from mostovik_pipelines.settings import setting
 from mostovik_pipelines.sources.erp_work_orders.parse import STATUSES, TIMEZONE, extract, transform
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal

@@ -5,6 +5,7 @@ transform step only: it needs pandas and Arrow.
 
 from __future__ import annotations
 
+from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.framework.spec import (
     ExtractRequest,
     ParsedRows,
@@ -12,7 +13,6 @@ from mostovik_pipelines.framework.spec import (
     TransformRequest,
 )
 from mostovik_pipelines.resources.inbox import file_name_of
-from mostovik_pipelines.settings import setting
 
 MAX_FILE_BYTES = int(setting("MOSTOVIK_INBOX_MAX_FILE_BYTES", str(50 * 1024 * 1024)))
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.core.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.framework.quality.shape import SAMPLE_VALUES, ObservedShape, observe_columns
 from mostovik_pipelines.framework.readers.cell_values import (
     UNREADABLE,

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dagster import BackfillPolicy, DynamicPartitionsDefinition
 from sqlalchemy import Column, Date, Index, Integer, String
 
+from mostovik_pipelines.core.load_target import KeyHeldElsewhere, LoadMode
+from mostovik_pipelines.core.retries import RetryPolicy
+from mostovik_pipelines.core.settings import data_dir, setting
 from mostovik_pipelines.framework.assets.inbox_sensor import new_file_versions_sensor
-from mostovik_pipelines.framework.load_target import KeyHeldElsewhere, LoadMode
 from mostovik_pipelines.framework.quality.shape import NUMBER, SourceShape, ValueKind, expect
-from mostovik_pipelines.framework.retries import RetryPolicy
 from mostovik_pipelines.framework.spec import CatchUpPolicy, JobType, LoadedPartition, SourceSpec
 from mostovik_pipelines.resources.inbox import InboxResource, file_name_of
-from mostovik_pipelines.settings import data_dir, setting
 from mostovik_pipelines.sources.material_deliveries.parse import MAX_FILE_BYTES, extract, transform
 from mostovik_pipelines.warehouse.schema import warehouse_table
 from mostovik_pipelines.warehouse.types import ExactDecimal

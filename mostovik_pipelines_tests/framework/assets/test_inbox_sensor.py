@@ -13,8 +13,8 @@ from datetime import timedelta
 import pytest
 from dagster import AddDynamicPartitionsRequest
 
-from mostovik_pipelines.framework.outages import Store, setting_of
-from mostovik_pipelines.framework.runs.tags import REQUESTED_BECAUSE_TAG
+from mostovik_pipelines.core.outages import Store, setting_of
+from mostovik_pipelines.core.tags import REQUESTED_BECAUSE_TAG
 from mostovik_pipelines.framework.spec import CatchUpPolicy
 from mostovik_pipelines.resources.inbox import InboxResource
 from mostovik_pipelines.sources import material_deliveries

@@ -15,14 +15,14 @@ from zoneinfo import ZoneInfo
 import pytest
 from dagster import DagsterRunStatus, build_schedule_context, instance_for_test
 
-from mostovik_pipelines.framework.automation.catch_up import Reason, plan_catch_up
-from mostovik_pipelines.framework.automation.partition_states import Outcome, partition_states
-from mostovik_pipelines.framework.runs.tags import (
+from mostovik_pipelines.core.tags import (
     PARTITION_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
     REQUESTED_BECAUSE_TAG,
 )
+from mostovik_pipelines.framework.automation.catch_up import Reason, plan_catch_up
+from mostovik_pipelines.framework.automation.partition_states import Outcome, partition_states
 from mostovik_pipelines.framework.spec import CatchUpPolicy
 from mostovik_pipelines.sources import cbr_daily_rates, erp_work_orders
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for

@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import Column, Date, Integer, MetaData, String, create_engine, select
 from sqlalchemy.engine import make_url
 
+from mostovik_pipelines.core.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.framework.load import partition
 from mostovik_pipelines.framework.load.partition import load_partition
-from mostovik_pipelines.framework.load_target import LoadMode, LoadTarget
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.warehouse.schema import partition_loads, warehouse_table
 from mostovik_pipelines_tests.framework.load.test_partition import DAY, load, rates

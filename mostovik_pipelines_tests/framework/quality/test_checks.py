@@ -15,8 +15,8 @@ from sqlalchemy import Column, Date, Integer, MetaData, String, Table, UniqueCon
 from mostovik_pipelines.framework.automation.partition_states import Outcome, partition_states
 from mostovik_pipelines.framework.quality.checks import evaluate_partition, partition_checks
 from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
-from mostovik_pipelines.framework.runs.tracking import JobStatus, load_job
 from mostovik_pipelines.framework.spec import CheckResult, PartitionCheck, RejectedRow
+from mostovik_pipelines.platform.tracking import JobStatus, load_job
 from mostovik_pipelines.resources.warehouse import warehouse_engine
 from mostovik_pipelines.sources import ALL_SOURCES, cbr_daily_rates, erp_work_orders
 from mostovik_pipelines.warehouse.schema import BOOKKEEPING_COLUMNS

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pandas as pd
 import pytest
 
-from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.core.errors import DataValidationError, SourceContractError
 from mostovik_pipelines.framework.quality.validation import validate_partition
 from mostovik_pipelines.sources.cbr_daily_rates import SOURCE
 

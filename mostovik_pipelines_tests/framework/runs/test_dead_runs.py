@@ -29,15 +29,15 @@ import psycopg
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.framework.runs.alerts import ALERT_INTERVAL_SECONDS
-from mostovik_pipelines.framework.runs.claims import _postgres_dsn
 from mostovik_pipelines.framework.runs.dead_runs import (
     CONFIRM_SECONDS,
     DEAD_RUNS_SENSOR,
     INTERVAL_SECONDS,
 )
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
-from mostovik_pipelines.framework.runs.tracking import load_job
+from mostovik_pipelines.platform.claims import _postgres_dsn
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.graphql import RUN_LIMIT_SECONDS

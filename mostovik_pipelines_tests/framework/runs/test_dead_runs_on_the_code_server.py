@@ -29,14 +29,14 @@ import psycopg
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
-from mostovik_pipelines.framework.dagster_compat import code_server_runs
+from mostovik_pipelines.core.dagster_compat import code_server_runs
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.framework.runs.dead_runs import (
     CONFIRM_SECONDS,
     DEAD_RUNS_SENSOR,
     INTERVAL_SECONDS,
 )
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
-from mostovik_pipelines.framework.runs.tracking import load_job
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines.standin import StandinServer
 from mostovik_pipelines_tests.support.code_server import WORKSPACE, CodeServer

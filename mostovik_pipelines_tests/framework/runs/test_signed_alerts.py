@@ -10,7 +10,7 @@ from datetime import date
 import pytest
 from dagster import DagsterInstance
 
-from mostovik_pipelines.framework.runs.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
 from mostovik_pipelines.sources import ALL_SOURCES
 from mostovik_pipelines_tests.support.locations import code_location_for
 from mostovik_pipelines_tests.support.webhook import WebhookReceiver, evaluate_run_failure_alerts

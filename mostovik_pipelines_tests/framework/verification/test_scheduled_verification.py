@@ -17,14 +17,14 @@ from unittest import mock
 import psycopg
 from dagster import DagsterInstance, RunsFilter
 
-from mostovik_pipelines.definitions import build_code_location
-from mostovik_pipelines.framework.runs.tags import (
+from mostovik_pipelines.core.tags import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     REASON_TAG,
     REQUESTED_BY_TAG,
     run_partitions,
 )
+from mostovik_pipelines.definitions import build_code_location
 from mostovik_pipelines.framework.verification.check import MATCHES_SOURCE
 from mostovik_pipelines.framework.verification.schedule import VERIFY_SOURCES_SETTING
 from mostovik_pipelines.sources import cbr_daily_rates

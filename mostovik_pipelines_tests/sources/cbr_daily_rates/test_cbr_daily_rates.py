@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from mostovik_pipelines.framework.errors import SourceContractError
+from mostovik_pipelines.core.errors import SourceContractError
 from mostovik_pipelines.framework.spec import PartitionNotAvailable, TransformRequest
 from mostovik_pipelines.sources.cbr_daily_rates import parse_daily_rates
 from mostovik_pipelines.sources.cbr_daily_rates.standin import CbrStandin

@@ -3,33 +3,42 @@ between windows, and progress that resumes after the last committed page."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import signal
-import subprocess
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 import pandas as pd
-import psycopg
 import pytest
-from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
+from dagster import DagsterInstance
 
-from mostovik_pipelines.framework.retries import RETRY_METADATA_KEY
-from mostovik_pipelines.framework.runs.tracking import load_job
+from mostovik_pipelines.framework.automation.partition_states import partition_states
+from mostovik_pipelines.framework.spec import JobType
+from mostovik_pipelines.framework.steps.sync_progress import settle_moment
+from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.resources import LandingStoreResource
 from mostovik_pipelines.sources import ALL_SOURCES, erp_work_orders
 from mostovik_pipelines.warehouse import migrate
+from mostovik_pipelines_tests.sources.erp_work_orders.sync_support import (
+    a_commit_waits_for_the_hold,
+    assert_equals_source,
+    committed_pages,
+    instance_runs,
+    instant_between,
+    page_commit_held,
+    retry_records,
+    source_state,
+    start_sync,
+    stored_by_id,
+)
+from mostovik_pipelines_tests.support.fake_clock import fake_clock_environment
 from mostovik_pipelines_tests.support.locations import FAST_RETRY, code_location_for
 from mostovik_pipelines_tests.support.postgres import (
     ThrowawayPostgres,
-    backend_waiting_on_a_lock,
-    dsn_of,
 )
-from mostovik_pipelines_tests.support.processes import DAGSTER, run_environment
+from mostovik_pipelines_tests.support.processes import run_environment
 from mostovik_pipelines_tests.support.runs import run_partition
 from mostovik_pipelines_tests.support.waiting import (
     PROCESS_START_MARGIN_SECONDS,
@@ -39,9 +48,6 @@ from mostovik_pipelines_tests.support.waiting import (
 
 MOSCOW = ZoneInfo("Europe/Moscow")
 DAYS = ["2026-11-02", "2026-11-03", "2026-11-04"]
-COMPARED = ("id", "object_code", "title", "status", "planned_start", "planned_finish", "amount",
-            "version", "deleted")
-
 
 @pytest.fixture
 def erp(standin):
@@ -69,38 +75,6 @@ def _at(day: str, hour: int, minute: int = 0) -> str:
         hour=hour, minute=minute).isoformat()
 
 
-def _oracle(standin, days) -> dict[str, dict]:
-    items = {}
-    for day in days:
-        start, end = erp_work_orders.window_bounds(day)
-        for item in standin.erp_window_state(start.isoformat(), end.isoformat()):
-            items[item["id"]] = item
-    return items
-
-
-def _table(url: str) -> dict[str, dict]:
-    from mostovik_pipelines_tests.support.warehouse import table_rows
-
-    return {row["id"]: row for row in table_rows(url, "erp_work_orders")}
-
-
-def _same(row: dict, item: dict) -> bool:
-    expected = {**item, "amount": Decimal(item["amount"]),
-                "planned_start": item["planned_start"] and date.fromisoformat(
-                    item["planned_start"]),
-                "planned_finish": item["planned_finish"] and date.fromisoformat(
-                    item["planned_finish"])}
-    actual = {**row, "amount": Decimal(str(row["amount"]))}
-    return all(actual[k] == expected[k] for k in COMPARED)
-
-
-def _assert_equals_source(url: str, standin, days) -> None:
-    table, oracle = _table(url), _oracle(standin, days)
-    assert set(table) == set(oracle), (set(table) ^ set(oracle))
-    different = [i for i in oracle if not _same(table[i], oracle[i])]
-    assert not different, [(table[i], oracle[i]) for i in different[:3]]
-
-
 def test_windows_in_any_order_give_the_table_a_sync_in_order_gives(
     erp_job, erp, warehouse_url, instance
 ):
@@ -111,8 +85,8 @@ def test_windows_in_any_order_give_the_table_a_sync_in_order_gives(
     erp.restore_erp_work_order("WO-20261103-000004", _at("2026-11-04", 12), status="planned")
     for day in ("2026-11-04", "2026-11-02", "2026-11-03", "2026-11-02"):
         assert run_partition(erp_job, day, instance).success
-    _assert_equals_source(warehouse_url, erp, DAYS)
-    table = _table(warehouse_url)
+    assert_equals_source(warehouse_url, erp, DAYS)
+    table = stored_by_id(warehouse_url)
     assert table[late]["window_date"] == date(2026, 11, 4), "a later change moves the record"
     assert table["WO-20261102-000011"]["deleted"] is True, "a tombstone is kept, flagged"
     assert table["WO-20261103-000004"]["deleted"] is False, "a newer version restores it"
@@ -126,11 +100,11 @@ def test_an_old_window_re_run_after_newer_ones_never_overwrites_a_newer_version(
     record = "WO-20261102-000020"
     erp.update_erp_work_order(record, _at("2026-11-04", 15), amount="999.00")
     assert run_partition(erp_job, "2026-11-04", instance).success
-    newer = _table(warehouse_url)[record]
+    newer = stored_by_id(warehouse_url)[record]
     assert run_partition(erp_job, "2026-11-02", instance).success
-    assert _table(warehouse_url)[record]["version"] == newer["version"]
-    assert _table(warehouse_url)[record]["window_date"] == date(2026, 11, 4)
-    _assert_equals_source(warehouse_url, erp, DAYS)
+    assert stored_by_id(warehouse_url)[record]["version"] == newer["version"]
+    assert stored_by_id(warehouse_url)[record]["window_date"] == date(2026, 11, 4)
+    assert_equals_source(warehouse_url, erp, DAYS)
 
 
 def test_a_tombstone_of_a_record_never_loaded_keeps_an_older_version_from_resurrecting_it(
@@ -153,7 +127,7 @@ def test_a_tombstone_of_a_record_never_loaded_keeps_an_older_version_from_resurr
     counts = load_partition(engine, target, version(2**33, False, "2026-11-02"), "2026-11-02",
                             "run-2", whole_partition=False)
     assert (counts.updated, counts.ignored_older) == (0, 1)
-    row = _table(warehouse_url)["WO-X"]
+    row = stored_by_id(warehouse_url)["WO-X"]
     assert row["deleted"] is True and row["version"] == 2**40
     assert row["window_date"] == date(2026, 11, 4)
 
@@ -184,21 +158,21 @@ def test_a_sync_resumes_after_its_last_committed_page_and_ends_exact(
            "MOSTOVIK_ERP_URL": standin_server.erp_url, "MOSTOVIK_ERP_ROWS_PER_COMMIT": "200"}
     erp.forget_requests()
     if interruption == "kill":
-        with _page_commit_held(pg_warehouse_url, 12):  # killed with pages 1-10 committed
-            process = _start_sync(day, env, tmp_path)
-            wait_until(lambda: _a_commit_waits_for_the_hold(pg_warehouse_url, process),
+        with page_commit_held(pg_warehouse_url, 12):  # killed with pages 1-10 committed
+            process = start_sync(day, env, tmp_path)
+            wait_until(lambda: a_commit_waits_for_the_hold(pg_warehouse_url, process),
                        PROCESS_START_MARGIN_SECONDS + 120, "page 12's commit held")
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        committed = _committed_pages(pg_warehouse_url, day)
-        [dead] = _instance_runs(env)
+        committed = committed_pages(pg_warehouse_url, day)
+        [dead] = instance_runs(env)
         landed = len(LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
                      .pages_landed_by("erp_work_orders", day, dead))
     else:
         erp.fault("expire_token", route="erp", page=4, match=f"updated_from={day}")
         committed = 0
     asked_before = len(erp.requests("erp"))
-    rerun = _start_sync(day, env, tmp_path)
+    rerun = start_sync(day, env, tmp_path)
     output, _ = rerun.communicate(timeout=180)
     assert rerun.returncode == 0, output[-3000:]
     asked = erp.requests("erp")[asked_before:]
@@ -206,9 +180,9 @@ def test_a_sync_resumes_after_its_last_committed_page_and_ends_exact(
         assert committed == 10
         # Every page was landed before the load began committing: none is fetched again.
         assert len(asked) == 20 - landed, "a landed page was fetched again"
-    assert _committed_pages(pg_warehouse_url, day) is None, "a finished window keeps no checkpoint"
+    assert committed_pages(pg_warehouse_url, day) is None, "a finished window keeps no checkpoint"
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
-    _assert_equals_source(pg_warehouse_url, erp, [day])
+    assert_equals_source(pg_warehouse_url, erp, [day])
 
 
 @pytest.mark.slow
@@ -232,9 +206,9 @@ def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
     landing = LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
     erp.fault("hang", route="erp", page=killed_after + 1, seconds=300,
               match=f"updated_from={day}")
-    doomed = _start_sync(day, env, tmp_path)
+    doomed = start_sync(day, env, tmp_path)
     wait_for_hanging_request(erp, f"updated_from={day}")
-    [dead] = _instance_runs(env)
+    [dead] = instance_runs(env)
     wait_until(lambda: len(landing.pages_landed_by("erp_work_orders", day, dead)) >= killed_after,
                PROCESS_START_MARGIN_SECONDS, f"pages 1-{killed_after} landed")
     os.killpg(doomed.pid, signal.SIGKILL)
@@ -246,18 +220,18 @@ def test_a_sync_killed_after_page_k_resumes_after_its_last_landed_page(
     assert landed == list(range(1, killed_after + 1)), landed
 
     erp.forget_requests()
-    rerun = _start_sync(day, env, tmp_path)
+    rerun = start_sync(day, env, tmp_path)
     output, _ = rerun.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
     assert rerun.returncode == 0, output[-3000:]
     asked = [request["page"] for request in erp.requests("erp")]
     assert asked == list(range(killed_after + 1, pages + 1)), "a landed page was fetched again"
-    assert _committed_pages(pg_warehouse_url, day) is None, "a finished window keeps no checkpoint"
+    assert committed_pages(pg_warehouse_url, day) is None, "a finished window keeps no checkpoint"
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
-    _assert_equals_source(pg_warehouse_url, erp, [day])
+    assert_equals_source(pg_warehouse_url, erp, [day])
     if killed_after == 1:
         # The window was synced to its end since: the next run syncs it afresh, every page.
         erp.forget_requests()
-        again = _start_sync(day, env, tmp_path)
+        again = start_sync(day, env, tmp_path)
         output, _ = again.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
         assert again.returncode == 0, output[-3000:]
         assert [r["page"] for r in erp.requests("erp")] == list(range(1, pages + 1))
@@ -278,16 +252,16 @@ def test_records_in_a_killed_runs_landed_pages_changed_since_end_at_their_newest
            "MOSTOVIK_ERP_URL": standin_server.erp_url}
     landing = LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
     erp.fault("hang", route="erp", page=4, seconds=300, match=f"updated_from={day}")
-    doomed = _start_sync(day, env, tmp_path)
+    doomed = start_sync(day, env, tmp_path)
     wait_for_hanging_request(erp, f"updated_from={day}")
-    [dead] = _instance_runs(env)
+    [dead] = instance_runs(env)
     wait_until(lambda: len(landing.pages_landed_by("erp_work_orders", day, dead)) >= 3,
                PROCESS_START_MARGIN_SECONDS, "pages 1-3 landed")
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait()
     erp.release_hangs()
-    assert _committed_pages(pg_warehouse_url, day) is None, "nothing committed"
-    read = list(_oracle(erp, [day]).values())[:300]  # pages 1-3, in (updated_at, id) order
+    assert committed_pages(pg_warehouse_url, day) is None, "nothing committed"
+    read = list(source_state(erp, [day]).values())[:300]  # pages 1-3, in (updated_at, id) order
     last_read = datetime.fromisoformat(read[-1]["updated_at"])
     assert last_read < datetime.fromisoformat(_at(day, 23, 50))
     live = [item["id"] for item in read if not item["deleted"]]
@@ -298,17 +272,83 @@ def test_records_in_a_killed_runs_landed_pages_changed_since_end_at_their_newest
     erp.restore_erp_work_order(restored, _at(day, 23, 53), status="planned")
 
     erp.forget_requests()
-    rerun = _start_sync(day, env, tmp_path)
+    rerun = start_sync(day, env, tmp_path)
     output, _ = rerun.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
     assert rerun.returncode == 0, output[-3000:]
     # Pages 1-3 are taken up; the three changed records now follow them: 303 items, 4 pages.
     assert [request["page"] for request in erp.requests("erp")] == [4, 5, 6, 7]
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
-    _assert_equals_source(pg_warehouse_url, erp, [day])
-    table = _table(pg_warehouse_url)
+    assert_equals_source(pg_warehouse_url, erp, [day])
+    table = stored_by_id(pg_warehouse_url)
     assert table[tombstoned]["deleted"] is True
     assert table[updated]["amount"] == Decimal("42.00")
     assert table[restored]["deleted"] is False and table[restored]["status"] == "planned"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("left", ["landed", "committed"])
+def test_a_run_after_the_window_settled_re_reads_pages_fetched_before_it(
+    left, tmp_path, pg_warehouse_url, standin_server, erp, monkeypatch
+):
+    """The window's 12:05 sync (a `dagster job execute` run on a fake clock) is killed with
+    pages 1-3 of 6 landed (or committed). Then the ERP makes changes visible late, stamped
+    inside those pages' range (a record of page 1 updated into page 3's, another tombstoned
+    into page 2's). The run after the window settled (close + settle time; the real clock,
+    weeks later) takes none of those pages up, says so, asks for every page again, and the
+    table equals the source: the late changes are in, and the window recorded final is."""
+    day = "2026-11-11"
+    erp.set_erp_volume(day, 600)
+    env = {**run_environment(tmp_path, pg_warehouse_url, standin_server.cbr_url),
+           "MOSTOVIK_ERP_URL": standin_server.erp_url}
+    hourly = {**env, **fake_clock_environment(datetime.fromisoformat(_at(day, 12, 5)), env)}
+    landing = LandingStoreResource(base_dir=str(tmp_path / "data" / "landing"))
+    if left == "committed":
+        hourly["MOSTOVIK_ERP_ROWS_PER_COMMIT"] = "100"  # a commit per page
+        with page_commit_held(pg_warehouse_url, 4):  # killed with pages 1-3 committed
+            doomed = start_sync(day, hourly, tmp_path)
+            wait_until(lambda: a_commit_waits_for_the_hold(pg_warehouse_url, doomed),
+                       PROCESS_START_MARGIN_SECONDS + 120, "page 4's commit held")
+            os.killpg(doomed.pid, signal.SIGKILL)
+            doomed.wait()
+        assert committed_pages(pg_warehouse_url, day) == 3
+    else:
+        erp.fault("hang", route="erp", page=4, seconds=300, match=f"updated_from={day}")
+        doomed = start_sync(day, hourly, tmp_path)
+        wait_for_hanging_request(erp, f"updated_from={day}")
+        [dead] = instance_runs(env)
+        wait_until(lambda: len(landing.pages_landed_by("erp_work_orders", day, dead)) >= 3,
+                   PROCESS_START_MARGIN_SECONDS, "pages 1-3 landed")
+        os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait()
+        erp.release_hangs()
+        assert committed_pages(pg_warehouse_url, day) is None, "nothing committed"
+    [dead] = instance_runs(env)
+    fetched = landing.pages_landed_by("erp_work_orders", day, dead)
+    assert [page.page for page in fetched][:3] == [1, 2, 3]
+    assert all(page.fetched_at < datetime.fromisoformat(_at(day, 13)) for page in fetched)
+    read = list(source_state(erp, [day]).values())[:300]  # pages 1-3, in (updated_at, id) order
+    live = [item["id"] for item in read[:100] if not item["deleted"]]
+    updated, tombstoned = live[10], live[20]
+    erp.update_erp_work_order(updated, instant_between(read[200], read[299]), amount="42.00")
+    erp.delete_erp_work_order(tombstoned, instant_between(read[100], read[199]))
+
+    erp.forget_requests()
+    rerun = start_sync(day, env, tmp_path)
+    output, _ = rerun.communicate(timeout=PROCESS_START_MARGIN_SECONDS + 120)
+    assert rerun.returncode == 0, output[-3000:]
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    assert_equals_source(pg_warehouse_url, erp, [day])
+    table = stored_by_id(pg_warehouse_url)
+    assert table[updated]["amount"] == Decimal("42.00")
+    assert table[tombstoned]["deleted"] is True
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        state = partition_states(instance, erp_work_orders.SOURCE, [day],
+                                 runs_since=datetime.fromisoformat(_at(day, 0)))[day]
+    assert state.final, "the window read whole after it settled is final"
+    assert [request["page"] for request in erp.requests("erp")] == list(range(1, 7))
+    said = ("not resuming after page 3 committed by run" if left == "committed"
+            else "not taking up pages 1-3 landed by run")
+    assert f"erp_work_orders [{day}]: {said} {dead}" in output, output[-3000:]
 
 
 @pytest.mark.slow
@@ -327,16 +367,16 @@ def test_a_warehouse_crash_between_the_pages_of_a_sync_is_ridden_out_to_an_exact
                "MOSTOVIK_ERP_URL": standin_server.erp_url,
                "MOSTOVIK_ERP_ROWS_PER_COMMIT": "100"}  # a commit per page
         erp.forget_requests()
-        with _page_commit_held(warehouse.url(), 4):
-            run = _start_sync(day, env, tmp_path)
-            wait_until(lambda: _a_commit_waits_for_the_hold(warehouse.url(), run),
+        with page_commit_held(warehouse.url(), 4):
+            run = start_sync(day, env, tmp_path)
+            wait_until(lambda: a_commit_waits_for_the_hold(warehouse.url(), run),
                        PROCESS_START_MARGIN_SECONDS + 120, "page 4's commit held")
-            assert _committed_pages(warehouse.url(), day) == 3
+            assert committed_pages(warehouse.url(), day) == 3
             warehouse.pause()  # the held commit, and the hold, die with the server
         with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
             def ridden_out() -> bool:
                 assert run.poll() is None, f"the run ended in the outage:\n{run.stdout.read()}"
-                return sum(r["wait_seconds"] for r in _retry_records(instance)
+                return sum(r["wait_seconds"] for r in retry_records(instance)
                            if r.get("outage")) >= WAREHOUSE_DOWN_SECONDS
             wait_until(ridden_out, PROCESS_START_MARGIN_SECONDS + 3 * WAREHOUSE_DOWN_SECONDS,
                        "the sync riding out the warehouse's outage")
@@ -345,74 +385,29 @@ def test_a_warehouse_crash_between_the_pages_of_a_sync_is_ridden_out_to_an_exact
         assert run.returncode == 0, output[-3000:]
         asked = [request["page"] for request in erp.requests("erp")]
         assert asked == list(range(1, 7)), f"pages asked for: {asked}"
-        assert _committed_pages(warehouse.url(), day) is None
+        assert committed_pages(warehouse.url(), day) is None
         monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
-        _assert_equals_source(warehouse.url(), erp, [day])
+        assert_equals_source(warehouse.url(), erp, [day])
     finally:
         warehouse.stop()
 
-
-HOLD_LOCK_KEY = 4_242_004
-"""The advisory lock a held page commit waits for (one 64-bit key: not the two-key space of
-the partition locks)."""
-
-
-@contextlib.contextmanager
-def _page_commit_held(url: str, page: int):
-    """Hold the transaction that commits page ``page`` of any sync, as it records its progress
-    (its rows written, not committed), for as long as the block runs or the server lives: a
-    trigger on ``sync_progress`` waits for an advisory lock this block holds."""
-    with psycopg.connect(dsn_of(url), autocommit=True) as connection:
-        connection.execute(f"""
-            CREATE FUNCTION hold_page_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN PERFORM pg_advisory_xact_lock({HOLD_LOCK_KEY}); RETURN NEW; END $$""")
-        connection.execute(f"""
-            CREATE TRIGGER hold_page_commit BEFORE INSERT OR UPDATE ON sync_progress
-            FOR EACH ROW WHEN (NEW.pages_committed = {page})
-            EXECUTE FUNCTION hold_page_commit()""")
-        connection.execute("SELECT pg_advisory_lock(%s)", (HOLD_LOCK_KEY,))
-        yield
-
-
-def _a_commit_waits_for_the_hold(url: str, process) -> bool:
-    assert process.poll() is None, process.stdout.read()[-3000:]
-    with psycopg.connect(dsn_of(url), autocommit=True) as observer:
-        return backend_waiting_on_a_lock(observer, "%sync_progress%", timeout=0.2) is not None
-
-
 WAREHOUSE_DOWN_SECONDS = 15
-
-
-def _retry_records(instance: DagsterInstance) -> list[dict]:
-    return [record.event_log_entry.asset_observation.metadata[RETRY_METADATA_KEY].value
-            for record in instance.get_event_records(EventRecordsFilter(
-                DagsterEventType.ASSET_OBSERVATION))
-            if RETRY_METADATA_KEY in record.event_log_entry.asset_observation.metadata]
-
-
-def _instance_runs(env: dict) -> list[str]:
-    """The ids of the runs in the instance of ``env``, newest first."""
-    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
-        return [run.run_id for run in instance.get_runs()]
-
-
-def _start_sync(day: str, env: dict, cwd) -> subprocess.Popen:
-    return subprocess.Popen(
-        [DAGSTER, "job", "execute", "-m", "mostovik_pipelines", "-j", "erp_work_orders_job",
-         "--tags", json.dumps({"dagster/partition": day})],
-        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-
-
-def _committed_pages(url: str, day: str) -> int | None:
-    with psycopg.connect(dsn_of(url)) as connection:
-        row = connection.execute(
-            "SELECT pages_committed FROM sync_progress WHERE source = 'erp_work_orders' "
-            "AND partition_key = %s", (day,)).fetchone()
-    return row[0] if row else None
 
 
 def test_the_window_is_moscow_time_by_default():
     start, end = erp_work_orders.window_bounds("2026-11-03")
     assert start.utcoffset() == timedelta(hours=3)
     assert (end - start) == timedelta(days=1)
+
+
+def test_a_window_settles_at_its_close_plus_the_settle_time_and_only_a_sync_with_one_does():
+    """What fetched before it a run after it reads again (``steps/sync_progress.py``): the ERP's
+    window of 2026-11-11 settles at 00:05 Moscow time the next day; a sync without a settle time
+    and a parser have no such moment (what they fetched stays true)."""
+    assert settle_moment(erp_work_orders.SOURCE, "2026-11-11") == datetime(
+        2026, 11, 12, 0, 5, tzinfo=MOSCOW)
+    no_settle = dataclasses.replace(erp_work_orders.SOURCE, catch_up=dataclasses.replace(
+        erp_work_orders.SOURCE.catch_up, settle=timedelta(0)))
+    assert settle_moment(no_settle, "2026-11-11") is None
+    parser = next(spec for spec in ALL_SOURCES if spec.job_type is JobType.PARSER)
+    assert settle_moment(parser, "2026-11-11") is None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -18,10 +17,17 @@ from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRunStatus
 
 from mostovik_pipelines import cli
-from mostovik_pipelines.framework.readers import csv_export
-from mostovik_pipelines.framework.runs.status import STATUS_TAG
+from mostovik_pipelines.platform.status import STATUS_TAG
 from mostovik_pipelines.sources import material_deliveries
-from mostovik_pipelines.sources.material_deliveries import report
+from mostovik_pipelines_tests.sources.material_deliveries.report_files import (
+    MAX_FILE_BYTES,
+    corrected,
+    csv_file,
+    file_defects,
+    report_lines,
+    variant_files,
+    xlsx_file,
+)
 from mostovik_pipelines_tests.support import delivery_reports as reports
 from mostovik_pipelines_tests.support.delivery_reports import TITLE_ROWS, Layout
 from mostovik_pipelines_tests.support.inbox import (
@@ -35,7 +41,6 @@ from mostovik_pipelines_tests.support.inbox import (
     inbox_resource,
     physical_rows,
     quarantined,
-    renumbered,
     sorted_rows,
     version_of,
 )
@@ -76,74 +81,10 @@ def sensor(pg_warehouse_url, standin_server, tmp_path, instance) -> InboxSensor:
     return _sensor(pg_warehouse_url, standin_server, tmp_path, instance)
 
 
-def _lines(count: int, index: int, *, numeric: bool = False):
-    """``count`` lines of the report number ``index``: no two reports share a waybill line."""
-    lines = reports.deliveries(count, seed=index, numeric_waybills=numeric)
-    return renumbered(lines, index * 100_000)
-
-
-STANDARD = Layout()
-
-
-def _csv(lines, layout: Layout = STANDARD, **options) -> bytes:
-    return reports.csv_report(reports.report_table(lines, layout), **options)
-
-
-def _xlsx(lines, layout: Layout = STANDARD, **options) -> bytes:
-    return reports.xlsx_report(reports.report_table(lines, layout), **options)
-
-
-HEADER_VARIANTS = reports.HEADER_VARIANTS
-
-
-def _variant_files() -> dict[str, tuple[list, bytes]]:
-    """Every variant the sites send, a file each: name -> (its lines, its bytes)."""
-    specs = {  # name -> (numeric waybills?, how the lines are written)
-        "Поставки МСК-ЖК-014 ноябрь.csv": (False, lambda ls: _csv(ls)),
-        "utf8_bom.csv": (False, lambda ls: _csv(ls, bom=True)),
-        "cp1251_nbsp_title.csv": (False, lambda ls: _csv(
-            ls, Layout(thousands="\u00a0"), encoding="windows-1251", title_rows=TITLE_ROWS)),
-        "narrow_nbsp_lf.csv": (False, lambda ls: _csv(ls, Layout(thousands="\u202f"),
-                                                      newline="\n")),
-        "decimal_point_comma_delimited.csv": (False, lambda ls: _csv(
-            ls, Layout(decimal=".", thousands=""), delimiter=",")),
-        "tab_header_spacing_case.csv": (False, lambda ls: _csv(
-            ls, Layout(headers=HEADER_VARIANTS), delimiter="\t")),
-        "excel_unicode_text.txt": (False, lambda ls: _csv(ls, encoding="utf-16",
-                                                          delimiter="\t")),
-        "reordered_extra_trailing.csv": (False, lambda ls: _csv(
-            ls, Layout(order=(2, 3, 0, 4, 6, 5, 7, 8, 1),
-                       extra_columns=((0, "№ п/п"), (6, "Примечание"), (11, "Склад"))),
-            trailing_empty_rows=4)),
-        "all_quirks.csv": (False, lambda ls: _csv(
-            ls, Layout(headers=HEADER_VARIANTS, order=(8, 7, 6, 5, 4, 3, 2, 1, 0),
-                       extra_columns=((3, "Склад"),), thousands="\u00a0"),
-            encoding="windows-1251", delimiter="\t", title_rows=TITLE_ROWS,
-            trailing_empty_rows=3)),
-        "date_and_number_cells.xlsx": (False, lambda ls: _xlsx(
-            ls, Layout(dates="cell", numbers="cell"), title_rows=TITLE_ROWS)),
-        "serial_dates.xlsx": (False, lambda ls: _xlsx(ls, Layout(dates="serial",
-                                                                 numbers="cell"))),
-        "mac_1904.xlsx": (False, lambda ls: _xlsx(ls, Layout(dates="serial", date_1904=True),
-                                                  date_1904=True)),
-        "numeric_waybills.xlsx": (True, lambda ls: _xlsx(
-            ls, Layout(numbers="cell", waybills="number"))),
-        "header_variants_lookup_sheets.xlsx": (False, lambda ls: _xlsx(
-            ls, Layout(headers=HEADER_VARIANTS, order=(3, 2, 1, 0, 8, 7, 6, 5, 4),
-                       extra_columns=((0, "№ п/п"), (10, "Примечание")), numbers="cell"),
-            trailing_empty_rows=10, other_sheets=("Справочник", "Итоги"))),
-    }
-    files = {}
-    for index, (name, (numeric, build)) in enumerate(specs.items(), 1):
-        lines = _lines(12, index, numeric=numeric)
-        files[name] = (lines, build(lines))
-    return files
-
-
 def test_a_folder_of_every_variant_loads_exactly_and_is_archived(
     sensor, pg_warehouse_url, inbox, archive
 ):
-    files = _variant_files()
+    files = variant_files()
     versions = {name: drop(inbox, name, content) for name, (_, content) in files.items()}
 
     results = sensor.run_new_versions()
@@ -181,28 +122,18 @@ def test_a_folder_of_every_variant_loads_exactly_and_is_archived(
     assert len(list(archive.iterdir())) == 2 * len(files)
 
 
-def _corrected(lines):
-    """A corrected report: line 4 changed, line 8 removed, a line added."""
-    changed = dataclasses.replace(lines[3], quantity=lines[3].quantity + Decimal("1.5"),
-                                  price=Decimal("999.90"))
-    added = dataclasses.replace(lines[-1], line_no=lines[-1].line_no + 1,
-                                material="Песок строительный", unit="т",
-                                quantity=Decimal("12.50"), price=Decimal("650.00"))
-    return [*lines[:3], changed, *lines[4:7], *lines[8:], added]
-
-
 def test_a_corrected_version_replaces_exactly_that_files_rows(
     warehouse_url, standin_server, tmp_path, instance, inbox, archive
 ):
     sensor = _sensor(warehouse_url, standin_server, tmp_path, instance)
-    other_lines, first_lines = _lines(15, 1), _lines(20, 2)
-    drop(inbox, "Объект 1.csv", _csv(other_lines))
-    first = drop(inbox, "Объект 2.csv", _csv(first_lines))
+    other_lines, first_lines = report_lines(15, 1), report_lines(20, 2)
+    drop(inbox, "Объект 1.csv", csv_file(other_lines))
+    first = drop(inbox, "Объект 2.csv", csv_file(first_lines))
     assert all(r.success for r in sensor.run_new_versions().values())
     other_before = physical_rows(warehouse_url, "Объект 1.csv")
 
-    second_lines = _corrected(first_lines)
-    second = drop(inbox, "Объект 2.csv", _csv(second_lines))
+    second_lines = corrected(first_lines)
+    second = drop(inbox, "Объект 2.csv", csv_file(second_lines))
     assert second != first
     results = sensor.run_new_versions()
 
@@ -220,14 +151,14 @@ def test_a_corrected_version_replaces_exactly_that_files_rows(
     assert physical_rows(warehouse_url, "Объект 1.csv") == other_before
     assert list(inbox.iterdir()) == []
     assert {p.name for p in archive.iterdir() if not p.name.endswith(".json")} == {
-        version_of("Объект 1.csv", _csv(other_lines)), first, second}
+        version_of("Объект 1.csv", csv_file(other_lines)), first, second}
 
     # The site takes the correction back: the first bytes dropped again are the file's newest
     # upload, so they run once more (under a run key of their own), and the file holds them.
-    assert drop(inbox, "Объект 2.csv", _csv(first_lines)) == first
+    assert drop(inbox, "Объект 2.csv", csv_file(first_lines)) == first
     [revert] = sensor.tick().run_requests
     assert revert.partition_key == first
-    assert revert.run_key != hashlib.sha256(_csv(first_lines)).hexdigest()
+    assert revert.run_key != hashlib.sha256(csv_file(first_lines)).hexdigest()
     sensor.cursor = None  # a reset cursor asks again under the same key: the daemon runs it once
     assert [r.run_key for r in sensor.tick().run_requests] == [revert.run_key]
     assert sensor.run(first).success
@@ -239,7 +170,7 @@ def test_a_corrected_version_replaces_exactly_that_files_rows(
 def test_a_file_with_three_bad_rows_among_a_hundred_loads_97_and_is_partial(
     pg_warehouse_url, standin_server, tmp_path, inbox, archive
 ):
-    lines = _lines(100, 3)
+    lines = report_lines(100, 3)
     table = reports.report_table(lines)
     bad = {10: ("Количество", "12,5 кг", "Количество '12,5 кг' is not a number"),
            50: ("Дата поставки", "31.02.2026", "Дата поставки '31.02.2026' is not a date"),
@@ -280,46 +211,16 @@ def test_a_file_with_three_bad_rows_among_a_hundred_loads_97_and_is_partial(
     assert list(inbox.iterdir()) == []
 
 
-MAX_FILE_BYTES = 64 * 1024
-
-
-def _file_defects() -> dict[str, tuple[bytes, list[str]]]:
-    """File name -> (bytes, fragments the run's failure must name besides the file)."""
-    big = _csv(_lines(900, 9))
-    assert len(big) > MAX_FILE_BYTES
-    return {
-        "Поставки.pdf": (reports.pdf_bytes(), ["a PDF document, not a CSV or XLSX report"]),
-        "Поставки 2003.xls": (reports.legacy_xls_bytes(), ["legacy .xls"]),
-        "photo.csv": (reports.binary_junk(), ["not CSV text"]),
-        "archive.zip": (reports.zip_not_xlsx(), ["not an XLSX workbook"]),
-        "no_header.csv": (reports.without_header(), ["no header row"]),
-        # A changed shape, named field by field before the parse (framework/quality/shape.py).
-        "missing_columns.csv": (reports.missing_columns("Цена", "Количество"),
-                                ["missing field Количество; missing field Цена"]),
-        "empty.csv": (b"", ["the file is empty"]),
-        "header_only.xlsx": (reports.header_only("xlsx"), ["no data rows below the header"]),
-        "too_big.csv": (big, [f"{len(big)} bytes, over the {MAX_FILE_BYTES}-byte limit"]),
-        "broken_cp1251.csv": (reports.invalid_encoding_csv(), ["not CSV text",
-                                                               "unreadable encoding"]),
-        "utf16_without_bom.csv": (reports.invalid_encoding_csv(nul=True), ["not CSV text"]),
-        "zip_bomb.xlsx": (reports.zip_bomb_xlsx(20), ["zip bomb"]),
-        "external_link.xlsx": (reports.xlsx_with_external_link(),
-                               ["links to other workbooks"]),
-        "external_relationship.xlsx": (reports.xlsx_with_external_link(part=False),
-                                       ["external relationships"]),
-        "macros.xlsx": (reports.macro_enabled_xlsx(), ["macro-enabled"]),
-    }
-
 
 def test_each_file_level_defect_fails_its_run_loads_nothing_and_stays_in_the_inbox(
     pg_warehouse_url, standin_server, tmp_path, instance, inbox, archive
 ):
     sensor = _sensor(pg_warehouse_url, standin_server, tmp_path, instance,
                      max_file_bytes=MAX_FILE_BYTES)
-    earlier = drop(inbox, "earlier.csv", _csv(_lines(20, 1)))
+    earlier = drop(inbox, "earlier.csv", csv_file(report_lines(20, 1)))
     assert sensor.run_new_versions()[earlier].success
     before = physical_rows(pg_warehouse_url)
-    defects = _file_defects()
+    defects = file_defects()
     versions = {name: drop(inbox, name, content) for name, (content, _) in defects.items()}
 
     results = sensor.run_new_versions()
@@ -346,13 +247,13 @@ def test_each_file_level_defect_fails_its_run_loads_nothing_and_stays_in_the_inb
 def test_a_waybill_line_another_file_delivered_is_quarantined_naming_that_file(
     pg_warehouse_url, sensor, inbox
 ):
-    first_lines, later_lines = _lines(10, 1), _lines(10, 2)
-    first = drop(inbox, "Склад А.csv", _csv(first_lines))
+    first_lines, later_lines = report_lines(10, 1), report_lines(10, 2)
+    first = drop(inbox, "Склад А.csv", csv_file(first_lines))
     assert sensor.run_new_versions()[first].success
     stored = physical_rows(pg_warehouse_url, "Склад А.csv")
     # The later file repeats a line of the first one's (another quantity), as its 5th row.
     claimed = dataclasses.replace(first_lines[6], quantity=Decimal("77.000"))
-    content = _csv([*later_lines[:4], claimed, *later_lines[4:]], title_rows=TITLE_ROWS)
+    content = csv_file([*later_lines[:4], claimed, *later_lines[4:]], title_rows=TITLE_ROWS)
     later = drop(inbox, "Склад Б.csv", content)
 
     [result] = sensor.run_new_versions().values()
@@ -383,8 +284,8 @@ def test_quarantined_rows_name_the_row_of_the_file_they_came_from(
     numbered as the spreadsheet numbers them; rows rejected after parsing (a waybill line held
     by another file, two rows of one key with different data) must be too, and their raw row
     must be readable (a date as a date, not epoch milliseconds)."""
-    first_lines, lines = _lines(10, 1), _lines(24, 2)
-    first = drop(inbox, "Склад А.csv", _csv(first_lines))
+    first_lines, lines = report_lines(10, 1), report_lines(24, 2)
+    first = drop(inbox, "Склад А.csv", csv_file(first_lines))
     assert sensor.run_new_versions()[first].success
     held = dataclasses.replace(first_lines[6], quantity=Decimal("77.000"))
     conflicting = dataclasses.replace(lines[2], quantity=lines[2].quantity + 1)
@@ -417,8 +318,8 @@ def test_a_report_with_a_long_russian_name_loads_and_is_archived(
 ):
     """Sites name their exports in words; 85 characters is an ordinary name (the filesystem
     allows 255 bytes, ~120 Cyrillic characters)."""
-    lines = _lines(5, 1)
-    content = _xlsx(lines, Layout(dates="cell"))
+    lines = report_lines(5, 1)
+    content = xlsx_file(lines, Layout(dates="cell"))
     version = drop(inbox, LONG_NAME, content)
     [result] = sensor.run_new_versions().values()
     assert result.success, step_failure_message(sensor.instance, result.run_id)
@@ -469,10 +370,10 @@ def test_reprocessing_an_archived_file_on_purpose_succeeds_and_rewrites_nothing(
     pg_warehouse_url, standin_server, tmp_path, inbox, archive
 ):
     env = _process_env(tmp_path, pg_warehouse_url, standin_server)
-    lines = _lines(40, 4)
+    lines = report_lines(40, 4)
     with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
         sensor = _sensor(pg_warehouse_url, standin_server, tmp_path, instance)
-        version = drop(inbox, "Поставки ноябрь.csv", _csv(lines))
+        version = drop(inbox, "Поставки ноябрь.csv", csv_file(lines))
         assert sensor.run_new_versions()[version].success
         assert list(inbox.iterdir()) == []
         assert (archive / version).exists()
@@ -510,14 +411,14 @@ def test_two_versions_of_one_file_loading_at_once_never_mix(
     `dagster job execute` processes started together: the table ends up holding one version's
     rows exactly, the newer one (an older version is never loaded over a newer)."""
     env = _process_env(tmp_path, pg_warehouse_url, standin_server)
-    first_lines = _lines(3000, 5)
+    first_lines = report_lines(3000, 5)
     second_lines = [dataclasses.replace(line, price=line.price + Decimal("0.01"))
-                    for line in _corrected(first_lines)]
+                    for line in corrected(first_lines)]
     with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
         sensor = _sensor(pg_warehouse_url, standin_server, tmp_path, instance)
-        first = drop(inbox, "Поставки.csv", _csv(first_lines))
+        first = drop(inbox, "Поставки.csv", csv_file(first_lines))
         assert sensor.run_new_versions()[first].success
-        second = drop(inbox, "Поставки.csv", _csv(second_lines))
+        second = drop(inbox, "Поставки.csv", csv_file(second_lines))
         assert [r.partition_key for r in sensor.tick().run_requests] == [second]
 
         processes = [_job_execute(version, env, tmp_path) for version in (first, second)]
@@ -530,59 +431,3 @@ def test_two_versions_of_one_file_loading_at_once_never_mix(
     assert len(versions) == 1, f"two versions mixed: {versions}; runs {statuses}"
     assert rows == exact(sorted_rows(expected_table(second_lines, "Поставки.csv", second))), (
         statuses, [o[-1500:] for o in outputs])
-
-
-# The parser splits a CSV two ways: Arrow's reader (in C++) when it splits exactly as Python's
-# csv does, csv itself otherwise. Both must give the same rows, rejects and row numbers.
-
-
-def _split_by_csv_only(monkeypatch) -> None:
-    monkeypatch.setattr(csv_export, "_csv_table", lambda *args, **kwargs: None)
-
-
-def _parsed(content: bytes) -> tuple:
-    parsed = report.parse_delivery_report(content, "Объект.csv", "Объект.csv@v1",
-                                          10 * 1024 * 1024)
-    frame = parsed.frame
-    return ([str(dtype) for dtype in frame.dtypes],
-            [tuple((type(v).__name__, str(v)) for v in row) for row in frame.itertuples()],
-            [(r.row_number, r.raw, r.reason, r.key) for r in parsed.rejected],
-            list(parsed.row_numbers))
-
-
-def _with_bad_cells(lines) -> list[list]:
-    table = reports.report_table(lines)
-    reports.set_cell(table, 1, "Количество", "12,5,0")
-    reports.set_cell(table, 4, "Цена", "")
-    reports.set_cell(table, 4, "Строка", "-1")
-    reports.set_cell(table, 6, "Дата поставки", "31.02.2026")
-    reports.set_cell(table, 7, "Материал", 'Бетон "В25";\r\nпо ГОСТ')
-    reports.set_cell(table, 8, "Количество", " 1\u00a0234,5 ")
-    reports.set_cell(table, 9, "Цена", "١٢")
-    return table
-
-
-SPLIT_CASES = {
-    "plain, windows-1251, title rows": (True, lambda lines: reports.csv_report(
-        reports.report_table(lines), encoding="windows-1251", title_rows=TITLE_ROWS,
-        trailing_empty_rows=2)),
-    "bad cells, a quoted cell spanning lines, tab-delimited": (True, lambda lines: (
-        reports.csv_report(_with_bad_cells(lines), delimiter="\t"))),
-    "a blank line between rows": (False, lambda lines: reports.csv_report(
-        _with_bad_cells(lines)).replace(b"\r\n", b"\r\n\r\n", 5)),
-    "a row shifted by an unquoted decimal comma": (False, lambda lines: re.sub(
-        rb'"([0-9]+),([0-9]+)"', rb"\1,\2",
-        reports.csv_report(reports.report_table(lines), delimiter=","), count=1)),
-}
-
-
-@pytest.mark.parametrize("arrow_splits, build", SPLIT_CASES.values(), ids=SPLIT_CASES)
-def test_arrow_and_python_csv_split_a_report_alike(monkeypatch, arrow_splits, build):
-    """Where Arrow may split it, against csv alone; where it may not (it would skip the blank
-    line; a shifted row is wider than the header), csv splits it either way."""
-    content = build(_lines(40, 3))
-    split = report._read_sheet(content, "Объект.csv", len(content))
-    assert isinstance(split, csv_export.CsvTable) is arrow_splits
-    by_arrow = _parsed(content)
-    _split_by_csv_only(monkeypatch)
-    assert _parsed(content) == by_arrow

@@ -1,21 +1,26 @@
 """Material delivery reports, the file format alone: every variant the sites send parses to the
-same rows, bad rows are rejected with their reason and key, bad files are refused by name."""
+same rows, bad rows are rejected with their reason and key, bad files are refused by name, and
+Arrow's CSV reader and Python's csv split a report alike."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
+import re
 import zipfile
 from datetime import date
 from decimal import Decimal
 
 import pytest
 
-from mostovik_pipelines.framework.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.core.errors import DataValidationError, SourceContractError
+from mostovik_pipelines.framework.readers import csv_export
+from mostovik_pipelines.sources.material_deliveries import report
 from mostovik_pipelines.sources.material_deliveries.report import COLUMNS, parse_delivery_report
+from mostovik_pipelines_tests.sources.material_deliveries.report_files import report_lines
 from mostovik_pipelines_tests.support import delivery_reports as reports
-from mostovik_pipelines_tests.support.delivery_reports import Layout
+from mostovik_pipelines_tests.support.delivery_reports import TITLE_ROWS, Layout
 
 VERSION = "2026-11-30T18:04:11"
 MB = 1024 * 1024
@@ -350,3 +355,59 @@ def test_the_header_is_searched_in_the_first_ten_rows_only():
     content = reports.csv_report(table, title_rows=[f"строка шапки {n}" for n in range(10)])
     with pytest.raises(SourceContractError, match=r"no header row .* first 10 rows"):
         _parse(content)
+
+
+# The parser splits a CSV two ways: Arrow's reader (in C++) when it splits exactly as Python's
+# csv does, csv itself otherwise. Both must give the same rows, rejects and row numbers.
+
+
+def _split_by_csv_only(monkeypatch) -> None:
+    monkeypatch.setattr(csv_export, "_csv_table", lambda *args, **kwargs: None)
+
+
+def _parsed(content: bytes) -> tuple:
+    parsed = report.parse_delivery_report(content, "Объект.csv", "Объект.csv@v1",
+                                          10 * 1024 * 1024)
+    frame = parsed.frame
+    return ([str(dtype) for dtype in frame.dtypes],
+            [tuple((type(v).__name__, str(v)) for v in row) for row in frame.itertuples()],
+            [(r.row_number, r.raw, r.reason, r.key) for r in parsed.rejected],
+            list(parsed.row_numbers))
+
+
+def _with_bad_cells(lines) -> list[list]:
+    table = reports.report_table(lines)
+    reports.set_cell(table, 1, "Количество", "12,5,0")
+    reports.set_cell(table, 4, "Цена", "")
+    reports.set_cell(table, 4, "Строка", "-1")
+    reports.set_cell(table, 6, "Дата поставки", "31.02.2026")
+    reports.set_cell(table, 7, "Материал", 'Бетон "В25";\r\nпо ГОСТ')
+    reports.set_cell(table, 8, "Количество", " 1\u00a0234,5 ")
+    reports.set_cell(table, 9, "Цена", "١٢")
+    return table
+
+
+SPLIT_CASES = {
+    "plain, windows-1251, title rows": (True, lambda lines: reports.csv_report(
+        reports.report_table(lines), encoding="windows-1251", title_rows=TITLE_ROWS,
+        trailing_empty_rows=2)),
+    "bad cells, a quoted cell spanning lines, tab-delimited": (True, lambda lines: (
+        reports.csv_report(_with_bad_cells(lines), delimiter="\t"))),
+    "a blank line between rows": (False, lambda lines: reports.csv_report(
+        _with_bad_cells(lines)).replace(b"\r\n", b"\r\n\r\n", 5)),
+    "a row shifted by an unquoted decimal comma": (False, lambda lines: re.sub(
+        rb'"([0-9]+),([0-9]+)"', rb"\1,\2",
+        reports.csv_report(reports.report_table(lines), delimiter=","), count=1)),
+}
+
+
+@pytest.mark.parametrize("arrow_splits, build", SPLIT_CASES.values(), ids=SPLIT_CASES)
+def test_arrow_and_python_csv_split_a_report_alike(monkeypatch, arrow_splits, build):
+    """Where Arrow may split it, against csv alone; where it may not (it would skip the blank
+    line; a shifted row is wider than the header), csv splits it either way."""
+    content = build(report_lines(40, 3))
+    split = report._read_sheet(content, "Объект.csv", len(content))
+    assert isinstance(split, csv_export.CsvTable) is arrow_splits
+    by_arrow = _parsed(content)
+    _split_by_csv_only(monkeypatch)
+    assert _parsed(content) == by_arrow

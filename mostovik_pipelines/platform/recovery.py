@@ -1,0 +1,199 @@
+"""Recovery (ADR-016): re-run a failed job from where it failed, or a fresh job for a period.
+
+An operator's re-run is **queued** (:func:`queue_rerun_from_failure`, :func:`queue_rerun_partition`,
+what ``mostovik jobs rerun`` calls): the run is created in run storage with the code location's
+origin and submitted to the instance's run coordinator, so the daemon launches it like any run,
+with the queue's concurrency limits, run monitoring, run retries and the configured executor.
+The in-process forms (:func:`rerun_from_failure`, :func:`rerun_partition`) execute in the calling
+process, like ``dagster job execute``, for CI, a laptop and the chaos harness. Either way the new
+run is linked to the run it repeats, and re-running is safe: loads are idempotent upserts, a
+re-execution never takes an input older than its partition's latest load (see the factory), and
+the run-status check makes a re-run wait for a run still going.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import (
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    QueuedRunCoordinator,
+    ReexecutionOptions,
+    execute_job,
+)
+
+from mostovik_pipelines.core.dagster_compat import (
+    KnownExecutionState,
+    LoadableTargetOrigin,
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    ReconstructableRepository,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+    create_execution_plan,
+)
+from mostovik_pipelines.core.tags import (
+    LAUNCHED_BY_TAG,
+    PARTITION_TAG,
+    REASON_TAG,
+    REQUESTED_BY_TAG,
+    RERUN_OF_TAG,
+)
+from mostovik_pipelines.platform.status import without_status
+from mostovik_pipelines.platform.tracking import JobNotFound, latest_job_for
+
+CODE_LOCATION_MODULE = "mostovik_pipelines"
+CODE_LOCATION_ATTRIBUTE = "defs"
+CODE_LOCATION_NAME = "mostovik_pipelines"
+"""The code location's name in the daemon's workspace (workspace.yaml, deploy/workspace.yaml):
+a queued run names it, and the daemon launches it through that location's code server."""
+REPOSITORY_NAME = "__repository__"
+"""The repository name Dagster gives a ``Definitions`` object."""
+LAUNCHED_BY = "mostovik jobs rerun"
+PROCESS_TAG_PREFIXES = ("mostovik/host", "mostovik/pid", "mostovik/executor",
+                        "mostovik/celery_task.")
+"""Process tags of runs recorded before steps reported their processes as engine events: they
+describe the repeated run's processes, not the job, and are not carried over."""
+
+
+def _reconstructable(job_name: str):
+    """The job by name, rebuilt from the code location module's repository. Not the public
+    ``build_reconstructable_job``: its repository of one job refuses the implicit asset job that
+    ``dagster asset materialize`` and the UI's asset backfills run (pinned by
+    ``test_dagster_compat.py``)."""
+    repository = ReconstructableRepository.for_module(CODE_LOCATION_MODULE,
+                                                      CODE_LOCATION_ATTRIBUTE)
+    return repository.get_reconstructable_job(job_name)
+
+
+def _finished_run(instance: DagsterInstance, run_id: str) -> DagsterRun:
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise JobNotFound(f"no run {run_id} in run storage")
+    if run.status not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE,
+                          DagsterRunStatus.CANCELED):
+        raise ValueError(f"run {run_id} is {run.status.value}: only a finished run is re-run")
+    return run
+
+
+def _reexecution_tags(run: DagsterRun, tags: Mapping[str, str] | None) -> dict[str, str]:
+    """The repeated run's tags, less its process, status and signature, plus ``tags``."""
+    kept = {k: v for k, v in without_status(run.tags).items()
+            if not k.startswith(PROCESS_TAG_PREFIXES) and k not in (REQUESTED_BY_TAG, REASON_TAG)}
+    return {**kept, LAUNCHED_BY_TAG: LAUNCHED_BY, **(tags or {}), RERUN_OF_TAG: run.run_id}
+
+
+def _partition_tags(instance: DagsterInstance, source: str, partition: str,
+                    tags: Mapping[str, str] | None) -> dict[str, str]:
+    """A fresh run's tags, linked to the latest run of the partition it repeats."""
+    previous = latest_job_for(instance, source, partition)
+    new_tags = {LAUNCHED_BY_TAG: LAUNCHED_BY, **(tags or {}), PARTITION_TAG: partition}
+    if previous is not None:
+        new_tags[RERUN_OF_TAG] = previous.run_id
+    return new_tags
+
+
+def _full_resync_config(source: str, full_resync: bool) -> dict[str, Any] | None:
+    return {"ops": {source: {"ops": {f"extract_{source}": {
+        "config": {"full_resync": True}}}}}} if full_resync else None
+
+
+def rerun_from_failure(instance: DagsterInstance, run_id: str,
+                       tags: Mapping[str, str] | None = None) -> str:
+    """Re-execute a run in this process, keeping its partition and tags: a failed one from its
+    failed steps, a successful one whole (re-processing on purpose). Either way its partitions
+    are fetched again, never replayed from the stored outputs (see the factory). ``tags`` (who
+    asked and why) replace the repeated run's. Returns the new run's id; its
+    ``dagster/parent_run_id`` is ``run_id``."""
+    run = _finished_run(instance, run_id)
+    if run.status is DagsterRunStatus.SUCCESS:
+        options = ReexecutionOptions(parent_run_id=run_id)
+    else:
+        options = ReexecutionOptions.from_failure(run_id, instance)
+    result = execute_job(_reconstructable(run.job_name), instance, reexecution_options=options,
+                         tags=_reexecution_tags(run, tags))
+    return result.run_id
+
+
+def rerun_partition(instance: DagsterInstance, source: str, partition: str,
+                    full_resync: bool = False, tags: Mapping[str, str] | None = None) -> str:
+    """A fresh run of ``source`` for ``partition`` in this process, linked to the latest run it
+    repeats and carrying ``tags``; ``full_resync`` makes a paged source ignore the progress of
+    an interrupted sync."""
+    result = execute_job(_reconstructable(f"{source}_job"), instance,
+                         tags=_partition_tags(instance, source, partition, tags),
+                         run_config=_full_resync_config(source, full_resync))
+    return result.run_id
+
+
+class NoRunQueue(ValueError):
+    """The instance has no run queue for a queued re-run to wait in."""
+
+
+def queue_rerun_from_failure(instance: DagsterInstance, run_id: str,
+                             tags: Mapping[str, str] | None = None) -> str:
+    """:func:`rerun_from_failure`, submitted to the run queue instead of executed here: the new
+    run (a failed one's failed steps, a successful one's every step) is created with the steps
+    it takes and what its parent left, as the UI's "Re-execute" creates one; its id."""
+    _require_queue(instance)
+    run = _finished_run(instance, run_id)
+    job = _reconstructable(run.job_name)
+    plan = None
+    if run.status is not DagsterRunStatus.SUCCESS:
+        step_keys, known_state = KnownExecutionState.build_resume_retry_reexecution(
+            instance=instance, parent_run=run)
+        plan = create_execution_plan(job, run.run_config, step_keys_to_execute=step_keys,
+                                     known_state=known_state, tags=run.tags)
+    if run.asset_selection:
+        job = job.get_subset(op_selection=None, asset_selection=run.asset_selection)
+    new_run = instance.create_run_for_job(
+        job_def=job.get_definition(), execution_plan=plan, run_config=run.run_config,
+        tags=_reexecution_tags(run, tags), op_selection=run.op_selection,
+        asset_selection=run.asset_selection, resolved_op_selection=run.resolved_op_selection,
+        root_run_id=run.root_run_id or run.run_id, parent_run_id=run.run_id,
+        status=DagsterRunStatus.NOT_STARTED, remote_job_origin=_remote_origin(run.job_name),
+        job_code_origin=job.get_python_origin())
+    return _submit(instance, new_run)
+
+
+def queue_rerun_partition(instance: DagsterInstance, source: str, partition: str,
+                          full_resync: bool = False,
+                          tags: Mapping[str, str] | None = None) -> str:
+    """:func:`rerun_partition`, submitted to the run queue instead of executed here; its id."""
+    _require_queue(instance)
+    job = _reconstructable(f"{source}_job")
+    new_run = instance.create_run_for_job(
+        job_def=job.get_definition(), run_config=_full_resync_config(source, full_resync),
+        tags=_partition_tags(instance, source, partition, tags),
+        status=DagsterRunStatus.NOT_STARTED, remote_job_origin=_remote_origin(f"{source}_job"),
+        job_code_origin=job.get_python_origin())
+    return _submit(instance, new_run)
+
+
+def _require_queue(instance: DagsterInstance) -> None:
+    if not isinstance(instance.run_coordinator, QueuedRunCoordinator):
+        raise NoRunQueue(
+            "the Dagster instance has no run queue (run_coordinator QueuedRunCoordinator, as in "
+            "dagster.yaml): run in this process with `mostovik materialize` or "
+            "`dagster job execute` instead")
+
+
+def _remote_origin(job_name: str) -> RemoteJobOrigin:
+    """The job as the daemon's workspace knows it: the location is found by its name."""
+    target = LoadableTargetOrigin(executable_path=sys.executable,
+                                  module_name=CODE_LOCATION_MODULE,
+                                  attribute=CODE_LOCATION_ATTRIBUTE,
+                                  working_directory=os.getcwd())
+    location = ManagedGrpcPythonEnvCodeLocationOrigin(target, CODE_LOCATION_NAME)
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, REPOSITORY_NAME), job_name)
+
+
+def _submit(instance: DagsterInstance, run: DagsterRun) -> str:
+    # The queued run coordinator only records the run as queued (the daemon launches it through
+    # its own workspace): it needs no workspace here (pinned by test_dagster_compat_queue.py).
+    instance.submit_run(run.run_id, workspace=None)  # type: ignore[arg-type]
+    return run.run_id
