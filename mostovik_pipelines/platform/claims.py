@@ -61,12 +61,7 @@ from pathlib import Path
 import psycopg
 from dagster import DagsterInstance
 
-from mostovik_pipelines.core.errors import (
-    ConfigurationError,
-    RunClaimLost,
-    Verdict,
-    classify,
-)
+from mostovik_pipelines.core.errors import ConfigurationError, RunClaimLost, classify
 from mostovik_pipelines.core.outages import (
     Store,
     StoreAway,
@@ -76,6 +71,7 @@ from mostovik_pipelines.core.outages import (
     is_away,
     ride_out,
 )
+from mostovik_pipelines.platform.claim_refusals import connection_settings, refusal_message
 
 KEEPALIVE_SETTINGS = ("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
                       "SET tcp_keepalives_count = 3")
@@ -260,7 +256,7 @@ class _ClaimKeeper:
             self._take()
         except psycopg.Error as error:
             if not is_away(Store.RUN_STORAGE, error):  # a setting of ours: say so now
-                raise RunClaimRefused(_refusal_message(classify(error), settings)) from error
+                raise RunClaimRefused(refusal_message(classify(error), settings)) from error
             self._lost_since = self._verified_at  # away: the keeper takes it once it answers
             away_for(Store.RUN_STORAGE, self._database, since=self._verified_at)
         self._thread = threading.Thread(target=self._keep, name=f"claim {run_id}", daemon=True)
@@ -385,51 +381,10 @@ class _ClaimKeeper:
                 self._connection = None
 
 
-def _refusal_message(verdict: Verdict, settings: dict[str, str]) -> str:
-    """What an operator must fix, naming the settings (their environment variables, never their
-    values) behind the refused connection."""
-    def named(*fields: str) -> str:
-        names = [settings[field] for field in fields if field in settings]
-        return " / ".join(names) if names else "the run storage settings in dagster.yaml"
-
-    if verdict.reason.startswith("authentication failed"):
-        fix = f"Check the user and password ({named('username', 'password', 'postgres_url')})"
-    elif verdict.reason.startswith("no such database or role"):
-        fix = f"Check the database and user ({named('db_name', 'username', 'postgres_url')})"
-    elif verdict.reason.startswith("a bad setting"):
-        fix = f"Check the connection options ({named('params', 'postgres_url')})"
-    elif verdict.reason.startswith("too many connections"):
-        fix = ("The database serves no more clients: raise its max_connections or run fewer "
-               f"processes ({named('hostname', 'port', 'postgres_url')})")
-    else:
-        fix = f"Check the run storage settings ({named(*sorted(settings))})"
-    return (f"the run storage database refused the connection of the run's claim: "
-            f"{verdict.reason}. {fix}; waiting would not help, so the step fails now")
-
-
-def _connection_settings(instance: DagsterInstance) -> dict[str, str]:
-    """Each run storage connection field dagster.yaml reads from the environment, and the
-    variable it reads (``{"password": "MOSTOVIK_DAGSTER_PG_PASSWORD", ...}``); read from the
-    instance's reference (its configuration as written, pinned by the claim's tests)."""
-    ref = instance.get_ref()
-    data = ref.storage_data or ref.run_storage_data
-    found: dict[str, str] = {}
-
-    def walk(node: object, field: str) -> None:
-        if isinstance(node, dict):
-            if set(node) == {"env"}:
-                found[field] = str(node["env"])
-            for key, value in node.items():
-                walk(value, key if key != "env" else field)
-
-    walk(data.config_dict if data is not None else {}, "")
-    return found
-
-
 def _acquire(instance: DagsterInstance, run_id: str):
     dsn = _postgres_dsn(instance)
     if dsn is not None:
-        return _ClaimKeeper(dsn, run_id, _connection_settings(instance))
+        return _ClaimKeeper(dsn, run_id, connection_settings(instance))
     path = _claim_file(instance, run_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
