@@ -74,16 +74,20 @@ def erp(pg_warehouse_url, standin_server, standin, tmp_path):
 
 
 def test_the_first_tick_after_a_window_closes_syncs_it_again_with_the_newest(erp, instance):
-    source, location = erp(timedelta(minutes=10))
+    # A lookback of 10 minutes, shorter just after Moscow's midnight, so that yesterday's
+    # window (closed at midnight) is outside it now whatever the time of day the test runs.
+    soon = datetime.now(UTC) + timedelta(seconds=10)
     today, tomorrow = _day(0), _day(1)
+    since_midnight = soon - datetime.fromisoformat(today).replace(tzinfo=MOSCOW)
+    lookback = min(timedelta(minutes=10), since_midnight - timedelta(seconds=1))
+    source, location = erp(lookback)
     assert run_partition(location.resolve_job_def("erp_work_orders_job"), today,
                          instance).success
-    soon = datetime.now(UTC) + timedelta(seconds=10)
     assert [run.reasons for run in plan_catch_up(instance, source, soon).runs] == [
         {today: Reason.NEWEST}]
 
-    after_midnight = datetime.fromisoformat(tomorrow).replace(tzinfo=MOSCOW) + timedelta(
-        minutes=5)
+    after_midnight = datetime.fromisoformat(tomorrow).replace(tzinfo=MOSCOW) + min(
+        timedelta(minutes=5), lookback / 2)
     (run,) = plan_catch_up(instance, source, after_midnight).runs
     assert run.reasons == {today: Reason.WINDOW_CLOSED, tomorrow: Reason.NEWEST}
 

@@ -63,7 +63,7 @@ from mostovik_pipelines_tests.support.webserver import DagsterServices
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = Path(__file__).parents[2] / "corpus"
 INBOX_SENSOR_SECONDS = 15
 """The inbox sensor's interval: how long a dropped report waits for its run."""
 
