@@ -72,6 +72,9 @@ partition_loads = Table(
     Column("payload_hash", String(64), nullable=True,
            comment="sha256 of the landed payload the last load came from (a sync window: of "
                    "its pages' hashes); NULL: loaded before it was recorded"),
+    Column("parser_version", String(64), nullable=True,
+           comment="digest of the code that parsed and validated the last load's payload; "
+                   "NULL: unknown, the next load of the same payload parses it again"),
     comment="The last load of every partition of every target table.",
 )
 

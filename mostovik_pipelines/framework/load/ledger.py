@@ -111,42 +111,58 @@ class LastLoad:
     loaded_by_run: str
     fetched_at: datetime | None
     """In UTC; None for loads recorded before fetch times were (or with none given)."""
+    row_count: int = 0
+    payload_hash: str | None = None
+    parser_version: str | None = None
 
 
 def last_load(connection: Connection, table_name: str, partition_key: str) -> LastLoad | None:
     row = connection.execute(select(
         partition_loads.c.content_digest, partition_loads.c.loaded_by_run,
-        partition_loads.c.fetched_at,
+        partition_loads.c.fetched_at, partition_loads.c.row_count,
+        partition_loads.c.payload_hash, partition_loads.c.parser_version,
     ).where(
         partition_loads.c.table_name == table_name,
         partition_loads.c.partition_key == partition_key,
     )).one_or_none()
     if row is None:
         return None
-    return LastLoad(row.content_digest, row.loaded_by_run, _utc(row.fetched_at))
+    return LastLoad(row.content_digest, row.loaded_by_run, _utc(row.fetched_at), row.row_count,
+                    row.payload_hash, row.parser_version)
 
 
 def record_load(connection: Connection, table_name: str, partition_key: str, row_count: int,
                 digest: str | None, run_id: str, loaded_at: datetime,
                 fetched_at: datetime | None = None, *, loaded_partition_key: str | None = None,
-                payload_hash: str | None = None) -> None:
+                payload_hash: str | None = None, parser_version: str | None = None) -> None:
     """Record the partition's load, in the load's transaction: with the partition key it was
     loaded under (``partition_key`` is the partition column's value: a file version's file
-    name), and the
-    landed payload's hash, the ledger alone names every loaded partition and its payload
-    (:mod:`..verification`, the tracker's rebuild)."""
+    name), the landed payload's hash and the code that parsed it, the ledger alone names every
+    loaded partition and its payload (:mod:`..verification`, the tracker's rebuild), and a
+    re-load of that payload by that code need not be made into rows again
+    (:mod:`..steps.unchanged`)."""
     dialect_insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
     values = {"row_count": row_count, "content_digest": digest, "loaded_by_run": run_id,
               "loaded_at": loaded_at,
               "fetched_at": fetched_at.astimezone(UTC) if fetched_at else None,
               "loaded_partition_key": loaded_partition_key,
-              "payload_hash": payload_hash}
+              "payload_hash": payload_hash, "parser_version": parser_version}
     statement = dialect_insert(partition_loads).values(
         table_name=table_name, partition_key=partition_key, **values)
     connection.execute(statement.on_conflict_do_update(
         index_elements=[partition_loads.c.table_name, partition_loads.c.partition_key],
         set_=values,
     ))
+
+
+def note_payload(connection: Connection, table_name: str, partition_key: str,
+                 payload_hash: str | None, parser_version: str | None) -> None:
+    """A load that found the stored rows equal to its rows (the digest's step 4) came from this
+    payload, read by this code: the ledger says so, and keeps the last load's run and fetch."""
+    connection.execute(update(partition_loads).values(
+        payload_hash=payload_hash, parser_version=parser_version).where(
+        partition_loads.c.table_name == table_name,
+        partition_loads.c.partition_key == partition_key))
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -182,6 +198,7 @@ class LedgerEntry:
     loaded_at: datetime
     fetched_at: datetime | None
     payload_hash: str | None
+    parser_version: str | None = None
 
     @property
     def key(self) -> str:
@@ -202,4 +219,4 @@ def ledger_entries(connection: Connection, table_name: str,
         loaded_partition_key=row.loaded_partition_key, row_count=row.row_count,
         content_digest=row.content_digest, loaded_by_run=row.loaded_by_run,
         loaded_at=_utc(row.loaded_at), fetched_at=_utc(row.fetched_at),
-        payload_hash=row.payload_hash) for row in rows]
+        payload_hash=row.payload_hash, parser_version=row.parser_version) for row in rows]

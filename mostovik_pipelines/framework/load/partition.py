@@ -17,7 +17,8 @@ failure at any point leaves the partition, the ledger and the quarantine as they
    bookkeeping timestamp of the load) and whether the guard trigger is enabled.
 4. PostgreSQL, no statement: the frame is hashed; if the digest equals the one the last load
    recorded, the rows are exactly what that load wrote and the trigger has seen no other
-   write since: the load returns "all unchanged" (an unchanged re-run: rates, deliveries).
+   write since: the load returns "all unchanged" (an unchanged re-run: rates, deliveries),
+   noting in the ledger the payload and parser it came from when they are new.
 5. PostgreSQL, a partition that holds nothing yet (``SELECT EXISTS``; for a sync's page group,
    a probe of 16 of its keys in the whole table): ``SAVEPOINT``, ``COPY`` the rows straight
    into the table in key order, bookkeeping from the column defaults, ``RELEASE``. Every row
@@ -46,6 +47,10 @@ failure at any point leaves the partition, the ledger and the quarantine as they
    before the commit: nothing the load does is visible before it, so an earlier check only
    cost a round trip per partition.
 
+:func:`confirm_unchanged` is the same transaction for a partition whose landed payload is the
+one its stored rows came from, by the same parser (:mod:`..steps.unchanged`): steps 1-3, the
+ledger's line confirmed under the locks, step 8; no row is sent.
+
 Merge-by-version never deletes by absence: deletions arrive as tombstone rows. Unchanged rows
 are never rewritten, so a re-run writes no tuple and keeps every row's bookkeeping.
 """
@@ -72,6 +77,7 @@ from mostovik_pipelines.framework.load.ledger import (
     begin_postgresql_load,
     forget_digests,
     last_load,
+    note_payload,
     record_load,
     rows_digest,
 )
@@ -141,13 +147,14 @@ def load_partition(
     within_transaction: Callable[[Connection, LoadCounts], None] | None = None, *,
     fetched_at: datetime | None = None, kept: KeptRows | None = None,
     whole_partition: bool = True, payload_hash: str | None = None,
+    parser_version: str | None = None,
 ) -> LoadCounts:
     """Make ``target`` hold exactly ``frame`` for the partition, in one transaction, keeping the
     ``kept`` rows; ``within_transaction`` writes what must commit with it (the partition's
     quarantine, a sync's progress checkpoint), given the load's counts. ``fetched_at`` is when
     the frame's payload was fetched: if the partition already holds a later fetch,
     :class:`PartitionSuperseded` is raised and nothing is written; ``payload_hash`` names that
-    payload in the ledger.
+    payload in the ledger, ``parser_version`` the code that made the frame of it.
 
     ``whole_partition=False`` loads one page of a partition (merge-by-version only): no digest
     is trusted or recorded and the ledger keeps the partition's last whole load."""
@@ -176,8 +183,12 @@ def load_partition(
             if session.digests_guarded and kept is None and whole_partition:
                 digest = rows_digest(rows, target.mode)
             if digest is not None and previous is not None and digest == previous.content_digest:
-                # 4: exactly what the last load wrote. Nothing to write, not even the ledger
-                # (the fetch it records is as good a bound as this one, for these very rows).
+                # 4: exactly what the last load wrote. Nothing to write but, when they are new,
+                # the payload and parser the rows came from (the run and fetch the ledger
+                # records are as good a bound as this one, for these very rows).
+                if (previous.payload_hash, previous.parser_version) != (
+                        payload_hash, parser_version):
+                    note_payload(connection, table_name, scope, payload_hash, parser_version)
                 return _finish(connection, within_transaction, run_id, LoadCounts(
                     inserted=0, updated=0, unchanged=rows.num_rows, deleted=0))
             if _looks_new(connection, target, rows, partition_key, whole_partition):
@@ -193,8 +204,41 @@ def load_partition(
             # rows must find them held again (for its quarantine).
             record_load(connection, table_name, scope, len(frame),  # 7
                         None if counts.held_elsewhere else digest, run_id, now, fetched_at,
-                        loaded_partition_key=partition_key, payload_hash=payload_hash)
+                        loaded_partition_key=partition_key, payload_hash=payload_hash,
+                        parser_version=parser_version)
         return _finish(connection, within_transaction, run_id, counts)  # 8
+
+
+def confirm_unchanged(
+    engine: Engine, target: LoadTarget, partition_key: str, run_id: str, *, content_digest: str,
+    payload_hash: str, parser_version: str, fetched_at: datetime | None,
+    within_transaction: Callable[[Connection, LoadCounts], None] | None = None,
+) -> LoadCounts | None:
+    """The load of a partition whose landed payload (``payload_hash``) the ledger says its
+    stored rows came from, by the same parser, with their digest ``content_digest``: under the
+    partition's locks the ledger still says so and the table's guard trigger still vouches for
+    the digest, so the table holds exactly what a load of the payload would make it hold.
+    Nothing is written; ``within_transaction`` runs and the fence is checked before the commit,
+    as for any load. None, and nothing done, when the ledger says otherwise by then (another
+    load, a write by hand): the caller loads the payload's rows as usual."""
+    table_name = target.table.name
+    scope = target.partition_scope(partition_key)
+    with engine.begin() as connection:
+        if connection.dialect.name != "postgresql":
+            return None
+        lock_partition(connection, table_name, scope)  # 1
+        previous = last_load(connection, table_name, scope)  # 2
+        _refuse_older_payload(previous, fetched_at, target, partition_key)
+        session = begin_postgresql_load(  # 3
+            connection, table_name, run_id,
+            exclusive=target.partition_column not in target.natural_key)
+        if (not session.digests_guarded or previous is None
+                or previous.content_digest != content_digest
+                or previous.payload_hash != payload_hash
+                or previous.parser_version != parser_version):
+            return None  # nothing was written: the transaction ends as it began
+        return _finish(connection, within_transaction, run_id, LoadCounts(  # 8
+            inserted=0, updated=0, unchanged=previous.row_count, deleted=0))
 
 
 def _finish(connection: Connection,

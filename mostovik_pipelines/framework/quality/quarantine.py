@@ -21,7 +21,9 @@ from sqlalchemy import (
     Table,
     Text,
     delete,
+    func,
     insert,
+    select,
 )
 
 from mostovik_pipelines.framework.load.lock import lock_partition
@@ -42,6 +44,13 @@ quarantined_rows = Table(
     Index("ix_quarantined_rows_source_partition", "source", "partition_key"),
     Index("ix_quarantined_rows_run_id", "run_id"),
 )
+
+
+def quarantined_count(connection: Connection, source: str, partition_key: str) -> int:
+    """How many of the partition's rows are quarantined."""
+    return connection.execute(select(func.count()).select_from(quarantined_rows).where(
+        quarantined_rows.c.source == source,
+        quarantined_rows.c.partition_key == partition_key)).scalar_one()
 
 
 def replace_quarantine(

@@ -34,10 +34,11 @@ from mostovik_pipelines.framework.load.partition import (
     KeptRows,
     LoadCounts,
     PartitionSuperseded,
+    confirm_unchanged,
     load_partition,
 )
 from mostovik_pipelines.framework.quality.checks import blocks, evaluate_partition
-from mostovik_pipelines.framework.quality.quarantine import replace_quarantine
+from mostovik_pipelines.framework.quality.quarantine import quarantined_count, replace_quarantine
 from mostovik_pipelines.framework.quality.shape import shape_metadata
 from mostovik_pipelines.framework.quality.validation import row_text
 from mostovik_pipelines.framework.spec import LoadedPartition, ReceivedRows, RejectedRow, SourceSpec
@@ -45,6 +46,7 @@ from mostovik_pipelines.framework.steps.lifecycle import fail_or_set_aside, ridi
 from mostovik_pipelines.framework.steps.outcomes import (
     PartitionFailure,
     PartitionSkipped,
+    PayloadUnchanged,
     StepOutcomes,
     TransformedPages,
     TransformedPartition,
@@ -52,6 +54,8 @@ from mostovik_pipelines.framework.steps.outcomes import (
 )
 from mostovik_pipelines.framework.steps.reexecution import partitions_materialized_by_run
 from mostovik_pipelines.framework.steps.sync_progress import committed_progress, save_progress
+from mostovik_pipelines.framework.steps.transform import transform_partition
+from mostovik_pipelines.framework.steps.unchanged import parser_version
 from mostovik_pipelines.platform.status import completed_or_partial, record
 from mostovik_pipelines.platform.tracking import LOAD_COUNT_KEYS
 
@@ -80,7 +84,9 @@ class PartitionLoad:
     """Rows the source sent, quarantined ones included."""
     payload_bytes: int
     content_hash: str
-    sample: pd.DataFrame
+    sample: pd.DataFrame | str
+    """The first rows loaded (a partition found unchanged: those its parser read, as
+    Markdown)."""
     scratch: tuple[str, ...] = ()
     """Kept frames (paged partitions) to discard once the partition is checked."""
     duration_seconds: float = 0.0
@@ -132,13 +138,26 @@ def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: As
 
 
 def _load_one(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
-              outcome: TransformedPartition | TransformedPages,
+              outcome: TransformedPartition | TransformedPages | PayloadUnchanged,
               ranged: bool) -> PartitionLoad | PartitionSkipped | PartitionFailure:
     """One partition's load: what it did, or why it was skipped (a newer load superseded it)
-    or failed (a ranged run sets the partition aside and goes on; a single one raises)."""
+    or failed (a ranged run sets the partition aside and goes on; a single one raises). A
+    payload found unchanged whose ledger line changed since transform read it is made into
+    rows here and loaded as any other."""
     started = time.monotonic()
     step = StepContext(spec.name, key, "load")
     try:
+        if isinstance(outcome, PayloadUnchanged):
+            confirmed = riding_out(context, step, lambda: _load_unchanged(
+                context, spec, engine, key, outcome))
+            if confirmed is not None:
+                return dataclasses.replace(confirmed,
+                                           duration_seconds=time.monotonic() - started)
+            context.log.info(f"{spec.name} [{key}]: the ledger changed since transform: the "
+                             "payload is made into rows and loaded")
+            outcome = transform_partition(context, spec, key, outcome.landed)
+            if not isinstance(outcome, TransformedPartition):
+                return outcome
         loaded = riding_out(context, step, lambda: (
             _load_pages(context, spec, engine, key, outcome)
             if isinstance(outcome, TransformedPages)
@@ -163,7 +182,8 @@ def _record_materialisation(context: OpExecutionContext, asset_key: AssetKey, ke
             "duration_seconds": MetadataValue.float(round(loaded.duration_seconds, 3)),
             "payload_bytes": MetadataValue.int(loaded.payload_bytes),
             "content_hash": loaded.content_hash,
-            "preview": preview(loaded.sample),
+            "preview": (MetadataValue.md(loaded.sample) if isinstance(loaded.sample, str)
+                        else preview(loaded.sample)),
             **(shape_metadata(outcome.shape) if outcome.shape else {}),
         },
     ))
@@ -249,6 +269,7 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         engine, spec.load_target, outcome.frame, key, context.run_id,
         within_transaction=quarantine, fetched_at=outcome.landed.fetched_at,
         kept=_kept_rows(spec, outcome.rejected), payload_hash=outcome.landed.content_hash,
+        parser_version=parser_version(spec),
     )
     figures = counts.as_dict(merge=spec.load_mode is LoadMode.MERGE_BY_VERSION)
     return PartitionLoad(
@@ -263,6 +284,40 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         payload_bytes=outcome.landed.size_bytes,
         content_hash=outcome.landed.content_hash,
         sample=outcome.frame.head(PREVIEW_ROWS),
+    )
+
+
+def _load_unchanged(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
+                    outcome: PayloadUnchanged) -> PartitionLoad | None:
+    """A partition whose payload is the one its stored rows came from (:mod:`.unchanged`):
+    the ledger confirmed under the load's locks, the fence checked, nothing written; its
+    figures are the stored rows' and its quarantine's. None: the ledger changed since."""
+    quarantined: list[int] = []
+    counts = confirm_unchanged(
+        engine, spec.load_target, key, context.run_id, content_digest=outcome.content_digest,
+        payload_hash=outcome.landed.content_hash, parser_version=outcome.parser_version,
+        fetched_at=outcome.landed.fetched_at,
+        within_transaction=lambda connection, _: quarantined.append(
+            quarantined_count(connection, spec.name, key)))
+    if counts is None:
+        return None
+    rows, rejected = counts.unchanged, quarantined[0]
+    return PartitionLoad(
+        figures={
+            **counts.as_dict(merge=spec.load_mode is LoadMode.MERGE_BY_VERSION),
+            "rejected": rejected,
+            # What validation dropped: the rows parsed, less those stored and those it rejected.
+            "duplicates_dropped": max(
+                outcome.parsed_rows - rows - (rejected - outcome.parser_rejected), 0),
+            "dagster/row_count": rows, "table": spec.table.name,
+            "fetched_at": outcome.landed.fetched_at.isoformat(),
+            "payload_unchanged": MetadataValue.bool(True),
+        },
+        received=ReceivedRows(lambda: iter(())),
+        received_rows=rows + rejected,
+        payload_bytes=outcome.landed.size_bytes,
+        content_hash=outcome.landed.content_hash,
+        sample=outcome.preview,
     )
 
 

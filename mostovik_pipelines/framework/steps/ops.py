@@ -14,7 +14,7 @@ from mostovik_pipelines.framework.steps.lifecycle import (
 from mostovik_pipelines.framework.steps.load import load_partitions
 from mostovik_pipelines.framework.steps.outcomes import LandedPages, StepOutcomes
 from mostovik_pipelines.framework.steps.reexecution import inherited, redo
-from mostovik_pipelines.framework.steps.transform import transform_partition
+from mostovik_pipelines.framework.steps.transform import known_payloads, transform_partition
 from mostovik_pipelines.resources.landing import LandedPayload
 
 
@@ -46,8 +46,9 @@ def transform(context: OpExecutionContext, spec: SourceSpec,
             if reason:
                 return stopped(context, reason)
             return StepOutcomes(context.run_id, redo(context, spec, transform=True))
+        stored = known_payloads(context, spec)
         outcomes = {
-            key: transform_partition(context, spec, key, landed)
+            key: transform_partition(context, spec, key, landed, stored)
             if isinstance(landed, LandedPayload | LandedPages) else landed
             for key, landed in extracted.partitions.items()
         }

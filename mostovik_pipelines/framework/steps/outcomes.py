@@ -29,6 +29,27 @@ class TransformedPartition:
 
 
 @dataclass(frozen=True)
+class PayloadUnchanged:
+    """What transform hands to load for a partition whose landed payload is the one its stored
+    rows came from, parsed by the same code, with rows the ledger's digest still vouches for
+    (:mod:`.unchanged`): its rows are not validated, hashed or compared again. The load confirms
+    it under its locks; should the ledger say otherwise by then, it makes the payload's rows and
+    loads them as any other."""
+
+    landed: LandedPayload
+    content_digest: str
+    """The digest of the stored rows the ledger named when transform looked."""
+    parser_version: str
+    parsed_rows: int
+    """Rows the parser read (before validation)."""
+    parser_rejected: int
+    """Rows the parser itself rejected."""
+    preview: str
+    """The first rows the parser read, as the materialisation's preview (Markdown)."""
+    shape: ShapeReport | None = None
+
+
+@dataclass(frozen=True)
 class PartitionSkipped:
     """A partition with nothing to load (not published yet, stopped for a concurrent run,
     superseded by a newer load)."""
@@ -103,8 +124,9 @@ re-execution repeats; every later step passes it on as it is."""
 Extracted = LandedPayload | LandedPages | PartitionLeftOut
 """What extract hands transform for a partition: its landed payload, or its landed pages."""
 
-Transformed = TransformedPartition | TransformedPages | PartitionLeftOut
-"""What transform hands load for a partition: its rows validated whole, or in page groups."""
+Transformed = TransformedPartition | TransformedPages | PayloadUnchanged | PartitionLeftOut
+"""What transform hands load for a partition: its rows validated whole, or in page groups, or
+that its payload is the one its stored rows came from."""
 
 
 @dataclass(frozen=True)
@@ -115,10 +137,10 @@ class StepOutcomes:
     run_id: str
     partitions: dict[str, Extracted | Transformed] = field(default_factory=dict)
 
-    def to_load(self) -> dict[str, TransformedPartition | TransformedPages]:
-        """The partitions transform validated rows for."""
+    def to_load(self) -> dict[str, TransformedPartition | TransformedPages | PayloadUnchanged]:
+        """The partitions transform validated rows for, or found unchanged."""
         return {key: outcome for key, outcome in self.partitions.items()
-                if isinstance(outcome, TransformedPartition | TransformedPages)}
+                if isinstance(outcome, TransformedPartition | TransformedPages | PayloadUnchanged)}
 
     def skipped(self) -> list[PartitionSkipped]:
         return [o for o in self.partitions.values() if isinstance(o, PartitionSkipped)]

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 from dagster import AssetKey, AssetObservation, OpExecutionContext
 
-from mostovik_pipelines.core.errors import SourceContractError, SourceShapeChanged
+from mostovik_pipelines.core.errors import SourceContractError, SourceShapeChanged, classify
+from mostovik_pipelines.core.outages import Store, is_away
 from mostovik_pipelines.core.retries import NO_RETRY, StepContext
-from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY
+from mostovik_pipelines.framework.assets.resource_keys import LANDING_KEY, WAREHOUSE_KEY
 from mostovik_pipelines.framework.quality.shape import (
     ObservedShape,
     ShapeReport,
@@ -38,26 +39,46 @@ from mostovik_pipelines.framework.steps.outcomes import (
     LandedPages,
     PartitionFailure,
     PartitionSkipped,
+    PayloadUnchanged,
     TransformedPageGroup,
     TransformedPages,
     TransformedPartition,
     page_cursor,
 )
+from mostovik_pipelines.framework.steps.unchanged import StoredPayloads, stored_payloads, unchanged
 from mostovik_pipelines.resources.landing import LandedPayload
 
 
+def known_payloads(context: OpExecutionContext, spec: SourceSpec) -> StoredPayloads | None:
+    """The ledger's lines of the run's partitions (:mod:`.unchanged`), read once as transform
+    starts; None where none can be found unchanged, or while the warehouse is away (every
+    partition's rows are then made as usual, and its load rides the outage out)."""
+    engine = getattr(context.resources, WAREHOUSE_KEY).engine()
+    try:
+        return stored_payloads(engine, spec, context.partition_keys)
+    except Exception as exc:
+        if not is_away(Store.WAREHOUSE, exc):
+            raise
+        context.log.warning(f"{spec.name}: the ledger could not be read ({classify(exc).reason}):"
+                            " every payload is made into rows and compared")
+        return None
+
+
 def transform_partition(context: OpExecutionContext, spec: SourceSpec, key: str,
-                         landed: LandedPayload | LandedPages
-                         ) -> TransformedPartition | TransformedPages | PartitionSkipped | (
-                             PartitionFailure):
-    """The landed payload parsed and validated, riding out the landing store being away."""
+                        landed: LandedPayload | LandedPages, stored: StoredPayloads | None = None,
+                        ) -> TransformedPartition | TransformedPages | PayloadUnchanged | (
+                            PartitionSkipped | PartitionFailure):
+    """The landed payload parsed and validated, riding out the landing store being away; a
+    payload ``stored`` says the partition's rows came from, by this code, is parsed (its shape
+    judged) but not made into rows again (:mod:`.unchanged`)."""
     return riding_out(context, StepContext(spec.name, key, "transform"),
-                      lambda: _transform(context, spec, key, landed))
+                      lambda: _transform(context, spec, key, landed, stored))
 
 
 def _transform(context: OpExecutionContext, spec: SourceSpec, key: str,
-               landed: LandedPayload | LandedPages
-               ) -> TransformedPartition | TransformedPages | PartitionSkipped | PartitionFailure:
+               landed: LandedPayload | LandedPages, stored: StoredPayloads | None,
+               ) -> (TransformedPartition | TransformedPages | PayloadUnchanged | PartitionSkipped
+                     | PartitionFailure):
     if isinstance(landed, LandedPages):
         return _transform_pages(context, spec, key, landed)
     landing = getattr(context.resources, LANDING_KEY)
@@ -83,6 +104,11 @@ def _transform(context: OpExecutionContext, spec: SourceSpec, key: str,
     shape_failed = _shape_failure(context, spec, key, request.shapes, ranged)
     if shape_failed:
         return shape_failed
+    if stored is not None:
+        same = unchanged(spec, key, landed, parsed if isinstance(parsed, ParsedRows)
+                         else ParsedRows(parsed), _shape_of(spec, request.shapes), stored)
+        if same is not None:
+            return same
     try:
         validated = validate_partition(parsed, spec.load_target, key, spec.max_rejected_share)
     except Exception as exc:
