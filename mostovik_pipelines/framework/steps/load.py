@@ -259,14 +259,15 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
     """One transaction: the partition's rows, its quarantine (rows rejected by transform, and
     rows whose key another partition value holds, when the source rejects those)."""
     quarantined: list[RejectedRow] = []
+    frame = outcome.frame
 
     def quarantine(connection, counts: LoadCounts) -> None:
         quarantined[:] = [*outcome.rejected,
-                          *_held_elsewhere(outcome.frame, outcome.row_numbers, counts)]
+                          *_held_elsewhere(frame, outcome.row_numbers, counts)]
         replace_quarantine(connection, spec.name, key, context.run_id, quarantined)
 
     counts = load_partition(
-        engine, spec.load_target, outcome.frame, key, context.run_id,
+        engine, spec.load_target, frame, key, context.run_id,
         within_transaction=quarantine, fetched_at=outcome.landed.fetched_at,
         kept=_kept_rows(spec, outcome.rejected), payload_hash=outcome.landed.content_hash,
         parser_version=parser_version(spec),
@@ -276,14 +277,14 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         figures={
             **figures, "rejected": len(quarantined),
             "duplicates_dropped": outcome.duplicates_dropped,
-            "dagster/row_count": len(outcome.frame), "table": spec.table.name,
+            "dagster/row_count": len(frame), "table": spec.table.name,
             "fetched_at": outcome.landed.fetched_at.isoformat(),
         },
-        received=ReceivedRows.of(outcome.frame, _received_columns(spec)),
-        received_rows=len(outcome.frame) + len(outcome.rejected),
+        received=ReceivedRows.of(frame, _received_columns(spec)),
+        received_rows=len(frame) + len(outcome.rejected),
         payload_bytes=outcome.landed.size_bytes,
         content_hash=outcome.landed.content_hash,
-        sample=outcome.frame.head(PREVIEW_ROWS),
+        sample=frame.head(PREVIEW_ROWS),
     )
 
 

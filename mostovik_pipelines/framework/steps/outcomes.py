@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -16,9 +17,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TransformedPartition:
-    """What transform hands to load for one partition: rows to load, rows to quarantine."""
+    """What transform hands to load for one partition: rows to load, rows to quarantine. The
+    rows are kept pickled (:meth:`of`): a ranged run hands the load every partition at once, and
+    a validated frame of a CBR day takes about 24 KB of memory, its pickle 3 KB (five years of
+    frames held 44 MB, twice: in transform's output and in load's input)."""
 
-    frame: pd.DataFrame
+    packed_frame: bytes
     landed: LandedPayload
     duplicates_dropped: int
     rejected: tuple[RejectedRow, ...]
@@ -26,6 +30,15 @@ class TransformedPartition:
     """Each row's position in the payload (what a quarantined row is numbered by)."""
     shape: ShapeReport | None = None
     """The payload's fields against the declaration's (:mod:`.quality.shape`)."""
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, *args, **kwargs) -> TransformedPartition:
+        return cls(pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL), *args, **kwargs)
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The validated rows (unpickled at each call: take it once)."""
+        return pickle.loads(self.packed_frame)
 
 
 @dataclass(frozen=True)

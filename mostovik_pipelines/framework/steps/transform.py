@@ -127,7 +127,7 @@ def _transform(context: OpExecutionContext, spec: SourceSpec, key: str,
             f"{spec.name} [{key}]: {len(validated.rejected)} rows rejected to quarantine, "
             f"first: row {validated.rejected[0].row_number}: {validated.rejected[0].reason}"
         )
-    return TransformedPartition(
+    return TransformedPartition.of(
         validated.frame, landed, validated.duplicates_dropped, validated.rejected,
         None if validated.row_numbers is None else tuple(validated.row_numbers.tolist()),
         shape=_shape_of(spec, request.shapes))
