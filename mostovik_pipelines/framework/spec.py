@@ -222,6 +222,8 @@ class CheckRequest:
     """Rows the source sent for the partition, quarantined ones included."""
     loaded_by_run: tuple[Any, ...] = ()
     """Partition values the run has loaded so far, this one included."""
+    written_since: datetime | None = None
+    """When the partition's one load transaction began (its rows' ``changed_at``), or None."""
     shape: ShapeReport | None = None
     """The fields the source sent for the partition, against its declaration."""
 

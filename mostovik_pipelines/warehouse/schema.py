@@ -136,9 +136,10 @@ def warehouse_table(name: str, *columns: SchemaItem, natural_key: Sequence[str],
                comment="run that last changed the row's data"),
         Column("changed_at", DateTime(timezone=True), nullable=False),
         UniqueConstraint(*natural_key),
-        # The rows_in_partition check finds the rows a run wrote by this column after every
-        # partition it loads: without the index, a scan of the whole table each time.
-        Index(f"ix_{name}_changed_by_run", "changed_by_run"),
+        # The rows_in_partition check finds the rows a partition's load wrote (the run's,
+        # written since the load began) after every partition: without the index, a scan of
+        # the whole table each time; on changed_by_run alone, of every row the run wrote so far.
+        Index(f"ix_{name}_changed_by_run", "changed_by_run", "changed_at"),
     )
     key_text_columns = {
         key: table.c[key].type.compile(dialect=postgresql.dialect())

@@ -39,9 +39,9 @@ def test_every_source_table_has_the_conventions_the_loader_relies_on(pg_warehous
     assert triggers == [(f"{table}_written_outside_loader",)]
     indexed = pg_query(pg_warehouse_url, (
         f"SELECT indexname FROM pg_indexes WHERE tablename = '{table}' "
-        "AND indexdef LIKE '%(changed_by_run)'"))
+        "AND indexdef LIKE '%(changed_by_run, changed_at)'"))
     assert indexed == [(f"ix_{table}_changed_by_run",)], (
-        "the rows_in_partition check looks rows up by the run that changed them")
+        "the rows_in_partition check looks rows up by the run that changed them and when")
 
 
 def test_the_ledger_migration_goes_down_and_up_again(warehouse_url):

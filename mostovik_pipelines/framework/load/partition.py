@@ -57,6 +57,7 @@ are never rewritten, so a re-run writes no tuple and keeps every row's bookkeepi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -104,6 +105,9 @@ class LoadCounts:
     held_elsewhere: tuple[dict, ...] = ()
     """Rows not loaded because their key is stored under another partition value (policy
     ``reject``): each the row's natural key and ``held_by``, the value holding it."""
+    loaded_at: datetime | None = None
+    """The load transaction's time: every row it wrote carries it as ``changed_at`` (the
+    ``rows_in_partition`` check reads the rows written since)."""
 
     @property
     def written(self) -> int:
@@ -190,7 +194,7 @@ def load_partition(
                         payload_hash, parser_version):
                     note_payload(connection, table_name, scope, payload_hash, parser_version)
                 return _finish(connection, within_transaction, run_id, LoadCounts(
-                    inserted=0, updated=0, unchanged=rows.num_rows, deleted=0))
+                    inserted=0, updated=0, unchanged=rows.num_rows, deleted=0, loaded_at=now))
             if _looks_new(connection, target, rows, partition_key, whole_partition):
                 counts = _copy_straight_in(connection, target, rows)  # 5
         else:
@@ -206,7 +210,8 @@ def load_partition(
                         None if counts.held_elsewhere else digest, run_id, now, fetched_at,
                         loaded_partition_key=partition_key, payload_hash=payload_hash,
                         parser_version=parser_version)
-        return _finish(connection, within_transaction, run_id, counts)  # 8
+        return _finish(connection, within_transaction, run_id,  # 8
+                       dataclasses.replace(counts, loaded_at=now))
 
 
 def confirm_unchanged(
@@ -238,7 +243,8 @@ def confirm_unchanged(
                 or previous.parser_version != parser_version):
             return None  # nothing was written: the transaction ends as it began
         return _finish(connection, within_transaction, run_id, LoadCounts(  # 8
-            inserted=0, updated=0, unchanged=previous.row_count, deleted=0))
+            inserted=0, updated=0, unchanged=previous.row_count, deleted=0,
+            loaded_at=session.now))
 
 
 def _finish(connection: Connection,

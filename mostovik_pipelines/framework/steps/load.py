@@ -91,6 +91,9 @@ class PartitionLoad:
     """Kept frames (paged partitions) to discard once the partition is checked."""
     duration_seconds: float = 0.0
     """From the start of the partition's load to its last commit."""
+    written_since: datetime | None = None
+    """When the partition's one load transaction began (its rows' ``changed_at``); None for a
+    paged partition, loaded in several."""
 
 
 def load_partitions(context: OpExecutionContext, spec: SourceSpec, asset_key: AssetKey,
@@ -202,7 +205,7 @@ def _check(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         evaluations = [evaluation for evaluation in riding_out(context, step, lambda: (
             evaluate_partition(engine, spec, key, context.run_id, loaded.received,
                                loaded.received_rows, loaded_values, context.instance,
-                               shape=outcome.shape)))
+                               shape=outcome.shape, written_since=loaded.written_since)))
             if evaluation.check_name in checked]
     except Exception as exc:
         return fail_or_set_aside(context, step, NO_RETRY, exc, ranged)
@@ -285,6 +288,7 @@ def _load_whole(context: OpExecutionContext, spec: SourceSpec, engine, key: str,
         payload_bytes=outcome.landed.size_bytes,
         content_hash=outcome.landed.content_hash,
         sample=frame.head(PREVIEW_ROWS),
+        written_since=counts.loaded_at,
     )
 
 
@@ -319,6 +323,7 @@ def _load_unchanged(context: OpExecutionContext, spec: SourceSpec, engine, key: 
         payload_bytes=outcome.landed.size_bytes,
         content_hash=outcome.landed.content_hash,
         sample=outcome.preview,
+        written_since=counts.loaded_at,
     )
 
 

@@ -238,3 +238,33 @@ def test_natural_key_unique_names_the_unique_index_and_counts_without_it(pg_ware
     unique = _results(engine, spec, PARTITION)["natural_key_unique"]
     assert not unique.passed and "enforced_by" not in unique.metadata
     assert unique.metadata["duplicated_keys"].value == 1
+
+
+def test_rows_in_partition_reads_the_rows_its_load_wrote_since_it_began(pg_warehouse_url):
+    """On PostgreSQL a partition loaded in one transaction is checked by the rows the run wrote
+    since that transaction began (the index on changed_by_run and changed_at reads only those):
+    a row written then outside the partition fails it, the run's earlier partitions' rows do
+    not."""
+    from mostovik_pipelines.framework.load.partition import load_partition
+    from mostovik_pipelines_tests.framework.load.test_ledger import operator_sql
+    from mostovik_pipelines_tests.framework.load.test_partition import rates
+
+    spec, engine = cbr_daily_rates.SOURCE, warehouse_engine(pg_warehouse_url)
+    earlier = load_partition(engine, spec.load_target, rates(date(2026, 11, 3)), "2026-11-03",
+                             "run-1")
+    loaded = load_partition(engine, spec.load_target, rates(date(2026, 11, 4)), PARTITION,
+                            "run-1")
+    assert earlier.loaded_at < loaded.loaded_at
+
+    def rows_in_partition():
+        return {e.check_name: e for e in evaluate_partition(
+            engine, spec, PARTITION, "run-1", pd.DataFrame(columns=spec.natural_key), 3, [],
+            written_since=loaded.loaded_at)}["rows_in_partition"]
+
+    assert rows_in_partition().passed  # the loaded list is not read: the earlier day is not stray
+    operator_sql(pg_warehouse_url, "UPDATE cbr_daily_rates SET partition_date = '2026-11-09', "
+                                   "changed_at = now() WHERE char_code = 'USD' "
+                                   "AND partition_date = '2026-11-04'")
+    stray = rows_in_partition()
+    assert not stray.passed and stray.metadata["rows_outside"].value == 1
+    assert "2026-11-09" in stray.metadata["sample"].value

@@ -154,3 +154,27 @@ def test_the_fence_is_checked_inside_the_confirming_transaction(pg_warehouse_url
                           within_transaction=lambda connection, counts: written.append(counts))
     assert len(written) == 1  # what commits with it ran inside the transaction, before the fence
     assert ledger(pg_warehouse_url)[("cbr_daily_rates", DAY.isoformat())] == recorded
+
+
+@pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
+def test_a_ranged_run_again_skips_every_partition_and_records_every_check(
+    cbr_job, instance, warehouse_url
+):
+    days = ("2026-11-02", "2026-11-03", "2026-11-04")
+    tags = {"dagster/asset_partition_range_start": days[0],
+            "dagster/asset_partition_range_end": days[-1]}
+    for run in ("first", "again"):
+        result = cbr_job.execute_in_process(instance=instance, raise_on_error=False, tags=tags)
+        assert result.success, run
+        records = instance.get_records_for_run(
+            result.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+        skipped = {r.event_log_entry.asset_materialization.partition:
+                   "payload_unchanged" in r.event_log_entry.asset_materialization.metadata
+                   for r in records}
+        assert skipped == dict.fromkeys(days, run == "again")
+        evaluations = [r.event_log_entry.dagster_event.event_specific_data
+                       for r in instance.get_records_for_run(
+                           result.run_id,
+                           of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records]
+        assert {(e.check_name, e.partition) for e in evaluations if e.passed} == {
+            (check.name, day) for check in partition_checks(SOURCE) for day in days}
