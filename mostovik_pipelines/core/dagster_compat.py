@@ -31,6 +31,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 from dagster._core.storage.tags import (
     AUTO_RETRY_RUN_ID_TAG,
+    BACKFILL_TAGS,
     PARENT_RUN_ID_TAG,
     RESUME_RETRY_TAG,
     RETRY_NUMBER_TAG,
@@ -43,6 +44,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 __all__ = [
     "AUTO_RETRY_RUN_ID_TAG",
+    "BACKFILL_TAGS",
     "PARENT_RUN_ID_TAG",
     "RESUME_RETRY_TAG",
     "RETRY_NUMBER_TAG",
@@ -67,6 +69,7 @@ __all__ = [
     "code_server_runs",
     "create_execution_plan",
     "daemon_would_retry",
+    "retry_made_of",
     "retry_pass_cursor",
     "run_event_log_dir",
     "run_failed_unexpectedly",
@@ -111,6 +114,17 @@ def daemon_would_retry(instance: Any, run: Any) -> bool:
         return True
     backfill = instance.get_backfill(backfill_id)
     return backfill is not None and backfill.status not in BULK_ACTION_TERMINAL_STATUSES
+
+
+def retry_made_of(instance: Any, run: Any) -> Any:
+    """The retry already made of ``run``, by the daemon's run retries' own test (the run its
+    ``dagster/auto_retry_run_id`` names, else a child of it numbered as a retry), or None."""
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import (
+        get_automatically_retried_run_if_exists,
+    )
+
+    group = instance.get_run_group(run.run_id)
+    return get_automatically_retried_run_if_exists(instance, run, list(group[1]) if group else [])
 
 
 def retry_pass_cursor(instance: Any) -> int | None:

@@ -2,7 +2,7 @@
 run retries: their pass over the run failure events (Dagster's own, one iteration at a time)
 gives a run up for good when its code location does not answer, and stores its cursor past the
 run's failure event; ``dagster_compat.daemon_would_retry`` still says Dagster's rule retries
-that run, and no longer once the run's group holds a retry."""
+that run, and no longer once the run's group holds a retry, which ``retry_made_of`` finds."""
 
 from __future__ import annotations
 
@@ -72,9 +72,14 @@ def test_the_retry_pass_gives_a_run_up_for_good_when_its_code_server_does_not_an
         assert compat.retry_pass_cursor(instance) >= failure.storage_id
         assert compat.daemon_would_retry(instance, failed)
 
-        instance.create_run_for_job(tiny, tags={  # what the run group is read by
-            compat.PARENT_RUN_ID_TAG: run.run_id, compat.ROOT_RUN_ID_TAG: run.run_id})
+        assert compat.retry_made_of(instance, failed) is None
+        # The run group is read by the tags, the retry found by the run's own fields.
+        retry = instance.create_run_for_job(tiny, root_run_id=run.run_id, parent_run_id=run.run_id,
+                                            tags={compat.PARENT_RUN_ID_TAG: run.run_id,
+                                                  compat.ROOT_RUN_ID_TAG: run.run_id,
+                                                  compat.RETRY_NUMBER_TAG: "1"})
         assert not compat.daemon_would_retry(instance, failed)
+        assert compat.retry_made_of(instance, failed).run_id == retry.run_id
 
 
 def test_dagsters_rule_retries_no_step_failure_and_no_run_allowed_none():
