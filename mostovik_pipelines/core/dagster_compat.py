@@ -39,6 +39,7 @@ from dagster._core.storage.tags import (
     RUN_FAILURE_REASON_TAG,
     RUN_KEY_TAG,
     TAGS_TO_MAYBE_OMIT_ON_RETRY,
+    WILL_RETRY_TAG,
 )
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
@@ -51,6 +52,7 @@ __all__ = [
     "ROOT_RUN_ID_TAG",
     "RUN_KEY_TAG",
     "TAGS_TO_MAYBE_OMIT_ON_RETRY",
+    "WILL_RETRY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "BulkActionStatus",
@@ -99,12 +101,15 @@ def run_failed_unexpectedly(instance: Any, run: Any, message: str) -> None:
 
 def daemon_would_retry(instance: Any, run: Any) -> bool:
     """Whether the daemon's run retries retry the failed ``run`` by Dagster's own rule, not by the
-    ``dagster/will_retry`` tag: the rule that tag was set by (its failure reason, the max retries,
-    the retries its run group already has), and a backfill's run only while the backfill goes
-    on. The tag alone cannot say: the retry pass sets it false when making the retry raised."""
+    ``dagster/will_retry`` tag: the rule that tag was set by (run retries enabled, its failure
+    reason, the max retries, the retries its run group already has), and a backfill's run only
+    while the backfill goes on. The tag alone cannot say: the retry pass sets it false when
+    making the retry raised."""
     from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES
     from dagster._core.storage.tags import BACKFILL_ID_TAG
 
+    if not instance.run_retries_enabled:
+        return False
     reason = run.tags.get(RUN_FAILURE_REASON_TAG)
     if not auto_reexecution_should_retry_run(instance, run,
                                              RunFailureReason(reason) if reason else None):

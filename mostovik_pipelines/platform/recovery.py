@@ -36,6 +36,7 @@ from mostovik_pipelines.core.dagster_compat import (
     RETRY_NUMBER_TAG,
     ROOT_RUN_ID_TAG,
     TAGS_TO_MAYBE_OMIT_ON_RETRY,
+    WILL_RETRY_TAG,
     EngineEventData,
     KnownExecutionState,
     LoadableTargetOrigin,
@@ -160,9 +161,12 @@ def queue_automatic_retry(instance: DagsterInstance, run: DagsterRun) -> str:
     makes one (``retry_run``): its failed steps, its tags (less its status, process and failure
     tags; its backfill's kept, as the pass keeps them while the backfill goes on), numbered in
     its run group, announced in both event logs, and named by the failed run once queued (see
-    :func:`finish_automatic_retry`). For a run that pass missed
-    (:mod:`.framework.runs.missed_retries`); its id."""
+    :func:`finish_automatic_retry`), the failed run tagged ``dagster/will_retry`` true. For a
+    run that pass missed (:mod:`.framework.runs.missed_retries`); its id."""
     _require_queue(instance)
+    # First, so that the run's tags say a retry comes at every moment (the alerts read them):
+    # the daemon's retry pass set it false where it gave the run up.
+    instance.add_run_tags(run.run_id, {WILL_RETRY_TAG: "true"})
     group = instance.get_run_group(run.run_id)
     retry_number = len(list(group[1])) if group else 1
     omitted = TAGS_TO_MAYBE_OMIT_ON_RETRY - BACKFILL_TAGS

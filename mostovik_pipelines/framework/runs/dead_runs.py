@@ -134,7 +134,8 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
                                 f"({run.status.value.lower()}): marked")
             marked.append(run.run_id)
         context.update_cursor(json.dumps(still_free, sort_keys=True))
-        retried = retry_missed_runs(instance, watched, context.log)
+        retried = retry_missed_runs(
+            instance, {job.name for job in context.repository_def.get_all_jobs()}, context.log)
         for failed, retry in retried:
             context.log.warning(f"run {failed}: the daemon's run retries went past it, retried "
                                 f"as {retry}")

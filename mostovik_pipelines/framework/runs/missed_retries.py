@@ -11,8 +11,8 @@ run they should retry:
 * the failure event is stored before the run's status is failed (two writes): a pass that reads
   it in between sees a run not failed and goes past it.
 
-So the ``dead_runs`` sensor (:mod:`.dead_runs`), on each tick, looks at the runs of its jobs
-that failed within :data:`LOOKBACK_SECONDS`, and retries, as that pass would have
+So the ``dead_runs`` sensor (:mod:`.dead_runs`), on each tick, looks at the runs of the code
+location's jobs that failed within :data:`LOOKBACK_SECONDS`, and retries, as that pass would have
 (:func:`.platform.recovery.queue_automatic_retry`), one that
 
 * the pass has gone past: its failure event is at or before the pass's cursor, which the pass
@@ -22,6 +22,8 @@ that failed within :data:`LOOKBACK_SECONDS`, and retries, as that pass would hav
 * has no retry: none named by ``dagster/auto_retry_run_id``, none numbered as a retry among
   its children (Dagster's own test); one made but not queued or not named yet is finished.
 
+So a failed run Dagster's rule retries is always retried, which is what ``run_failure_alerts``
+reads to hold its alert back; the failed run is tagged ``dagster/will_retry`` true again.
 Exactly one retry: the retry joins the run's group (the rule then says no more) before it is
 queued, the failed run names it once queued, and the sensor's ticks never overlap. Each tick
 reads, for each failed run of the last day without a retry, its failure event, its run group

@@ -37,6 +37,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFil
 
 from mostovik_pipelines.core.dagster_compat import code_server_runs, retry_pass_cursor
 from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.framework.runs.alerts import ALERT_INTERVAL_SECONDS
 from mostovik_pipelines.framework.runs.dead_runs import (
     CONFIRM_SECONDS,
     DEAD_RUNS_SENSOR,
@@ -89,6 +90,7 @@ WORKER_DATE, CODE_SERVER_DATE, STARTING_DATE, AWAY_DATE, LATE_STATUS_DATE = (
     _weeks_back(3, 1), _weeks_back(3, 2), _weeks_back(3, 3), _weeks_back(3, 4),
     _weeks_back(3, 5))
 WILL_RETRY_TAG = "dagster/will_retry"
+RUN_FAILURE_ALERTS = "run_failure_alerts"
 GAVE_UP = "Failed to retry run"
 """The engine event of Dagster's retry pass when making the retry raised (it then tags the run
 ``dagster/will_retry`` false and never looks at it again)."""
@@ -262,7 +264,8 @@ def test_a_run_failed_while_its_code_server_is_away_is_retried_once_it_is_back(
     """The code server is away (its unit restarting) when a failed run of its reaches the
     daemon's retry pass, which needs the code server to plan the retry: Dagster gives the retry
     up for good (engine event "Failed to retry run", ``dagster/will_retry`` false). Once the
-    code server is back the run is retried all the same, exactly once."""
+    code server is back the run is retried all the same, exactly once, and no alert says it
+    failed for good."""
     services, code_server = layout
     run_id = _held_run(services, instance, standin, AWAY_DATE)
     os.killpg(code_server.group, signal.SIGKILL)  # its run worker dies with it
@@ -284,8 +287,15 @@ def test_a_run_failed_while_its_code_server_is_away_is_retried_once_it_is_back(
     code_server.start(services.environment)
     _retried_once_and_exact(services, instance, run_id, AWAY_DATE)
     services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, 2, INTERVAL_SECONDS)
+    services.graphql.wait_for_more_ticks(RUN_FAILURE_ALERTS, 1, ALERT_INTERVAL_SECONDS)
     [retry] = instance.get_runs(RunsFilter(tags={"dagster/parent_run_id": run_id}))
     assert_retried_once(instance, run_id, retry)
+    # What the operator is told: a retry came, so no alert about the failed run.
+    assert instance.get_run_by_id(run_id).tags[WILL_RETRY_TAG] == "true"
+    with psycopg.connect(dsn_of(services.environment["MOSTOVIK_DATABASE_URL"])) as connection:
+        alerts = connection.execute("SELECT body FROM alert_outbox WHERE kind = 'run_failure' "
+                                    "AND body LIKE %s", (f"%{run_id}%",)).fetchall()
+    assert alerts == []
 
 
 HOLD_LOCK = 20261207
