@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dagster import DagsterEventType
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
@@ -20,7 +21,7 @@ from dagster._core.events import EngineEventData, JobFailureData, RunFailureReas
 from dagster._core.execution.api import create_execution_plan
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 from dagster._core.execution.plan.state import KnownExecutionState
-from dagster._core.execution.retries import RetryMode
+from dagster._core.execution.retries import RetryMode, auto_reexecution_should_retry_run
 from dagster._core.remote_origin import (
     ManagedGrpcPythonEnvCodeLocationOrigin,
     RemoteJobOrigin,
@@ -28,12 +29,30 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
-from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, RUN_KEY_TAG
+from dagster._core.storage.tags import (
+    AUTO_RETRY_RUN_ID_TAG,
+    BACKFILL_TAGS,
+    PARENT_RUN_ID_TAG,
+    RESUME_RETRY_TAG,
+    RETRY_NUMBER_TAG,
+    ROOT_RUN_ID_TAG,
+    RUN_FAILURE_REASON_TAG,
+    RUN_KEY_TAG,
+    TAGS_TO_MAYBE_OMIT_ON_RETRY,
+    WILL_RETRY_TAG,
+)
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 __all__ = [
     "AUTO_RETRY_RUN_ID_TAG",
+    "BACKFILL_TAGS",
+    "PARENT_RUN_ID_TAG",
+    "RESUME_RETRY_TAG",
+    "RETRY_NUMBER_TAG",
+    "ROOT_RUN_ID_TAG",
     "RUN_KEY_TAG",
+    "TAGS_TO_MAYBE_OMIT_ON_RETRY",
+    "WILL_RETRY_TAG",
     "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "BulkActionStatus",
@@ -51,6 +70,9 @@ __all__ = [
     "celery_executor_internals",
     "code_server_runs",
     "create_execution_plan",
+    "daemon_would_retry",
+    "retry_made_of",
+    "retry_pass_cursor",
     "run_event_log_dir",
     "run_failed_unexpectedly",
 ]
@@ -75,6 +97,51 @@ def run_failed_unexpectedly(instance: Any, run: Any, message: str) -> None:
     failure data and reason it takes are not."""
     instance.report_run_failed(run, message, JobFailureData(
         error=None, failure_reason=RunFailureReason.UNEXPECTED_TERMINATION))
+
+
+def daemon_would_retry(instance: Any, run: Any) -> bool:
+    """Whether the daemon's run retries retry the failed ``run`` by Dagster's own rule, not by the
+    ``dagster/will_retry`` tag: the rule that tag was set by (run retries enabled, its failure
+    reason, the max retries, the retries its run group already has), and a backfill's run only
+    while the backfill goes on. The tag alone cannot say: the retry pass sets it false when
+    making the retry raised."""
+    from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES
+    from dagster._core.storage.tags import BACKFILL_ID_TAG
+
+    if not instance.run_retries_enabled:
+        return False
+    reason = run.tags.get(RUN_FAILURE_REASON_TAG)
+    if not auto_reexecution_should_retry_run(instance, run,
+                                             RunFailureReason(reason) if reason else None):
+        return False
+    backfill_id = run.tags.get(BACKFILL_ID_TAG)
+    if backfill_id is None:
+        return True
+    backfill = instance.get_backfill(backfill_id)
+    return backfill is not None and backfill.status not in BULK_ACTION_TERMINAL_STATUSES
+
+
+def retry_made_of(instance: Any, run: Any) -> Any:
+    """The retry already made of ``run``, by the daemon's run retries' own test (the run its
+    ``dagster/auto_retry_run_id`` names, else a child of it numbered as a retry), or None."""
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import (
+        get_automatically_retried_run_if_exists,
+    )
+
+    group = instance.get_run_group(run.run_id)
+    return get_automatically_retried_run_if_exists(instance, run, list(group[1]) if group else [])
+
+
+def retry_pass_cursor(instance: Any) -> int | None:
+    """The storage id of the newest run failure event the daemon's run retries have taken up;
+    None before their first pass. Their event log consumer stores it once the pass over the
+    batch is done: every failure event up to it was either retried, given up, or skipped (read
+    before its run's status was failed), and is never looked at again."""
+    from dagster._daemon.auto_run_reexecution.event_log_consumer import _create_cursor_key
+
+    key = _create_cursor_key(DagsterEventType.RUN_FAILURE)
+    value = instance.daemon_cursor_storage.get_cursor_values({key}).get(key)
+    return int(value) if value is not None else None
 
 
 CODE_SERVER_TIMEOUT_SECONDS = 10

@@ -22,12 +22,22 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    MetadataValue,
     QueuedRunCoordinator,
     ReexecutionOptions,
     execute_job,
 )
 
 from mostovik_pipelines.core.dagster_compat import (
+    AUTO_RETRY_RUN_ID_TAG,
+    BACKFILL_TAGS,
+    PARENT_RUN_ID_TAG,
+    RESUME_RETRY_TAG,
+    RETRY_NUMBER_TAG,
+    ROOT_RUN_ID_TAG,
+    TAGS_TO_MAYBE_OMIT_ON_RETRY,
+    WILL_RETRY_TAG,
+    EngineEventData,
     KnownExecutionState,
     LoadableTargetOrigin,
     ManagedGrpcPythonEnvCodeLocationOrigin,
@@ -141,6 +151,53 @@ def queue_rerun_from_failure(instance: DagsterInstance, run_id: str,
     it takes and what its parent left, as the UI's "Re-execute" creates one; its id."""
     _require_queue(instance)
     run = _finished_run(instance, run_id)
+    new_run = _create_reexecution(instance, run, _reexecution_tags(run, tags),
+                                  _remote_origin(run.job_name))
+    return _submit(instance, new_run)
+
+
+def queue_automatic_retry(instance: DagsterInstance, run: DagsterRun) -> str:
+    """The daemon's run retry of the failed ``run``, made and queued here as Dagster's retry pass
+    makes one (``retry_run``): its failed steps, its tags (less its status, process and failure
+    tags; its backfill's kept, as the pass keeps them while the backfill goes on), numbered in
+    its run group, announced in both event logs, and named by the failed run once queued (see
+    :func:`finish_automatic_retry`), the failed run tagged ``dagster/will_retry`` true. For a
+    run that pass missed (:mod:`.framework.runs.missed_retries`); its id."""
+    _require_queue(instance)
+    # First, so that the run's tags say a retry comes at every moment (the alerts read them):
+    # the daemon's retry pass set it false where it gave the run up.
+    instance.add_run_tags(run.run_id, {WILL_RETRY_TAG: "true"})
+    group = instance.get_run_group(run.run_id)
+    retry_number = len(list(group[1])) if group else 1
+    omitted = TAGS_TO_MAYBE_OMIT_ON_RETRY - BACKFILL_TAGS
+    kept = {key: value for key, value in without_status(run.tags).items()
+            if key not in omitted and not key.startswith(PROCESS_TAG_PREFIXES)}
+    tags = {**kept, RETRY_NUMBER_TAG: str(retry_number), RESUME_RETRY_TAG: "true",
+            PARENT_RUN_ID_TAG: run.run_id, ROOT_RUN_ID_TAG: run.root_run_id or run.run_id}
+    retry = _create_reexecution(instance, run, tags, run.remote_job_origin)
+    instance.report_engine_event("Retrying the run", run, EngineEventData(
+        {"new run": MetadataValue.dagster_run(retry.run_id)}))
+    instance.report_engine_event("Launched as an automatic retry", retry, EngineEventData(
+        {"failed run": MetadataValue.dagster_run(run.run_id)}))
+    return finish_automatic_retry(instance, run, retry)
+
+
+def finish_automatic_retry(instance: DagsterInstance, run: DagsterRun, retry: DagsterRun) -> str:
+    """Queue ``retry`` if it was made and not queued yet, then name it on the failed ``run``
+    (``dagster/auto_retry_run_id``): a process stopped between the two leaves a retry found
+    again by its number and finished here, never a second one; its id."""
+    if retry.status is DagsterRunStatus.NOT_STARTED:
+        _submit(instance, retry)
+    if run.tags.get(AUTO_RETRY_RUN_ID_TAG) != retry.run_id:
+        instance.add_run_tags(run.run_id, {AUTO_RETRY_RUN_ID_TAG: retry.run_id})
+    return retry.run_id
+
+
+def _create_reexecution(instance: DagsterInstance, run: DagsterRun, tags: Mapping[str, str],
+                        origin: RemoteJobOrigin) -> DagsterRun:
+    """A not yet started re-execution of the finished ``run`` (its failed steps, or every step
+    of a successful one) linked to it, carrying ``tags``, for the daemon to launch from
+    ``origin``."""
     job = _reconstructable(run.job_name)
     plan = None
     if run.status is not DagsterRunStatus.SUCCESS:
@@ -150,14 +207,14 @@ def queue_rerun_from_failure(instance: DagsterInstance, run_id: str,
                                      known_state=known_state, tags=run.tags)
     if run.asset_selection:
         job = job.get_subset(op_selection=None, asset_selection=run.asset_selection)
-    new_run = instance.create_run_for_job(
+    root_run_id = run.root_run_id or run.run_id
+    return instance.create_run_for_job(
         job_def=job.get_definition(), execution_plan=plan, run_config=run.run_config,
-        tags=_reexecution_tags(run, tags), op_selection=run.op_selection,
-        asset_selection=run.asset_selection, resolved_op_selection=run.resolved_op_selection,
-        root_run_id=run.root_run_id or run.run_id, parent_run_id=run.run_id,
-        status=DagsterRunStatus.NOT_STARTED, remote_job_origin=_remote_origin(run.job_name),
+        tags=tags,
+        op_selection=run.op_selection, asset_selection=run.asset_selection,
+        resolved_op_selection=run.resolved_op_selection, root_run_id=root_run_id,
+        parent_run_id=run.run_id, status=DagsterRunStatus.NOT_STARTED, remote_job_origin=origin,
         job_code_origin=job.get_python_origin())
-    return _submit(instance, new_run)
 
 
 def queue_rerun_partition(instance: DagsterInstance, source: str, partition: str,

@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 def test_each_part_we_stand_on_restarted_under_live_runs_is_ridden_out_to_exact_data(
     postgres, standin_server
 ):
-    # The run storage away past the budget (over 90 s) is make chaos's; make test has it on
-    # `dagster job execute` (test_production_instance.py).
+    # The run storage away past the budget (over 90 s) is make chaos's, here (LONG_KINDS) and
+    # on a live run (system/deployments/test_production_instance.py, marked long_outage: the
+    # outages suite every make chaos runs).
     kinds = [kind for kind in KINDS
              if (kind != "claim_cut" or os.geteuid() == 0) and kind not in LONG_KINDS]
     totals = run_platform_chaos(postgres, standin_server, SEED, len(kinds),

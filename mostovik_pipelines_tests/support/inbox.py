@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import time
 from collections.abc import Sequence
 from datetime import date
 from decimal import Decimal
@@ -28,6 +27,7 @@ from mostovik_pipelines.resources.inbox import InboxResource, version_key
 from mostovik_pipelines.sources import material_deliveries
 from mostovik_pipelines.sources.material_deliveries.report import COLUMNS
 from mostovik_pipelines_tests.support.delivery_reports import Delivery, expected_rows
+from mostovik_pipelines_tests.support.waiting import wait_until
 
 SOURCE = "material_deliveries"
 SENSOR = f"{SOURCE}_inbox_sensor"
@@ -189,29 +189,25 @@ def sensor_ticks(graphql, sensor_name: str = SENSOR, limit: int = 20) -> list[Ti
 def wait_for_ticks_after(services, since_epoch: float, count: int,
                           timeout: float) -> list:
     """The first ``count`` finished ticks that started after ``since_epoch``, oldest first."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def finished() -> list | None:
         ticks = [t for t in sensor_ticks(services.graphql)
                  if t.timestamp > since_epoch and t.status != "STARTED"]
-        if len(ticks) >= count:
-            return sorted(ticks, key=lambda t: t.timestamp)[:count]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{len(ticks)} of {count} ticks after the drop in {timeout} s: "
-                                 f"{sensor_ticks(services.graphql, limit=5)}")
-        time.sleep(1)
+        return sorted(ticks, key=lambda t: t.timestamp)[:count] if len(ticks) >= count else None
+
+    return wait_until(finished, timeout, f"{count} finished ticks after the drop",
+                      lambda: str(sensor_ticks(services.graphql, limit=5)), poll=1)
 
 
 def wait_for_tick_asking_after(services, since_epoch: float, timeout: float):
     """The first tick that requested runs and ended after ``since_epoch`` (a tick that began
     before it may have listed the inbox after it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        asking = [t for t in sensor_ticks(services.graphql)
-                  if t.status != "STARTED" and (t.end_timestamp or 0) > since_epoch
-                  and t.run_keys]
-        if asking:
-            return min(asking, key=lambda t: t.timestamp)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no tick asked for a run in {timeout} s: "
-                                 f"{sensor_ticks(services.graphql, limit=5)}")
-        time.sleep(1)
+
+    def asking():
+        ticks = [t for t in sensor_ticks(services.graphql)
+                 if t.status != "STARTED" and (t.end_timestamp or 0) > since_epoch
+                 and t.run_keys]
+        return min(ticks, key=lambda t: t.timestamp) if ticks else None
+
+    return wait_until(asking, timeout, "a tick that asked for a run",
+                      lambda: str(sensor_ticks(services.graphql, limit=5)), poll=1)

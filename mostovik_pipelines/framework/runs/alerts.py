@@ -51,6 +51,7 @@ from dagster import (
     sensor,
 )
 
+from mostovik_pipelines.core.dagster_compat import daemon_would_retry
 from mostovik_pipelines.core.errors import SourceShapeChanged
 from mostovik_pipelines.core.settings import setting
 from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
@@ -114,9 +115,11 @@ def _run_failure_alerts(sources: Sequence[SourceSpec]) -> SensorDefinition:
                            alert_notifier: AlertNotifierResource) -> None:
         run = context.dagster_run
         record_failed(context.instance, run)
-        if run.tags.get(WILL_RETRY_TAG) == "true":
+        if (run.tags.get(WILL_RETRY_TAG) == "true"
+                or daemon_would_retry(context.instance, run)):
             # The daemon runs it again (a lost worker): the job has not failed yet. Its retry,
-            # a run of its own, alerts if it fails too.
+            # a run of its own, alerts if it fails too. A run its retry pass gave up for a code
+            # server away (will_retry false) is retried by the dead_runs sensor all the same.
             context.log.info(f"run {run.run_id} failed and will be retried: no alert yet")
             return
         alert = run_failure_alert(context.instance, run, sources, alert_notifier,

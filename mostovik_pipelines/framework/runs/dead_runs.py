@@ -31,7 +31,9 @@ apart:
 
 A started or starting run is marked failed as an infrastructure failure,
 ``dagster/failure_reason`` ``UNEXPECTED_TERMINATION`` with a message naming why, so the
-daemon's run retries (``run_retries`` in deploy/dagster.yaml) run a daemon-launched one again; a
+daemon's run retries (``run_retries`` in deploy/dagster.yaml) run a daemon-launched one again
+(and, where they went past a failed run they retry, this sensor retries it:
+:mod:`.missed_retries`); a
 ``dagster job execute`` run, which Dagster does not retry, gets ``dagster/max_retries`` 0 first,
 so it does not claim a retry that never comes, and its alert is sent here
 (``run_failure_alerts`` sees only runs launched through the code location). A cancelling run
@@ -89,13 +91,15 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
         description="Marks failed a starting or started run whose process died (its claim is "
                     "free, or its code server no longer runs it): killed, out of memory or its "
                     "machine lost, on any launch path; a cancelling one cancelled. The daemon's "
-                    "run retries run a daemon-launched one again.",
+                    "run retries run a daemon-launched one again; a failed run they went past "
+                    "(its code server away as they came) is retried here.",
         default_status=DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=INTERVAL_SECONDS,
     )
     def dead_runs(context: SensorEvaluationContext,
                   alert_notifier: AlertNotifierResource) -> SkipReason:
         # Imported here: loading the code location imports no database driver.
+        from mostovik_pipelines.framework.runs.missed_retries import retry_missed_runs
         from mostovik_pipelines.platform.claims import driver_claim_held
 
         instance = context.instance
@@ -130,8 +134,14 @@ def dead_runs_sensor(sources: Sequence[SourceSpec]) -> SensorDefinition:
                                 f"({run.status.value.lower()}): marked")
             marked.append(run.run_id)
         context.update_cursor(json.dumps(still_free, sort_keys=True))
-        return SkipReason(f"marked: {', '.join(marked)}" if marked else
-                          f"no dead run ({len(still_free)} to look at again)")
+        retried = retry_missed_runs(
+            instance, {job.name for job in context.repository_def.get_all_jobs()}, context.log)
+        for failed, retry in retried:
+            context.log.warning(f"run {failed}: the daemon's run retries went past it, retried "
+                                f"as {retry}")
+        return SkipReason((f"marked: {', '.join(marked)}" if marked else
+                           f"no dead run ({len(still_free)} to look at again)")
+                          + "".join(f"; retried {failed} as {retry}" for failed, retry in retried))
 
     return dead_runs
 

@@ -9,7 +9,11 @@ storage's record of the run, and retried once by the daemon to exact data:
   again 5 s later as systemd does: the run was started, and the dead-run sensor marks it;
 * the run worker still starting when the host is lost (the code server, its run worker and the
   daemon killed), all started again: the run was starting, and the dead-run sensor marks it
-  once the code server that launched it no longer runs it.
+  once the code server that launched it no longer runs it;
+* the run failed while the code server is away, so the daemon's retry pass cannot reach it:
+  Dagster gives the retry up for good, and the run is retried once the code server is back;
+* the run's failure event read by the retry pass before the run's status is failed: Dagster
+  goes past it for good, and the run is retried all the same.
 
 Each run's fetch is held at the stand-in (or its worker stopped before it starts), so it is
 where the test needs it when something is killed.
@@ -17,8 +21,10 @@ where the test needs it when something is killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
@@ -27,14 +33,16 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
-from mostovik_pipelines.core.dagster_compat import code_server_runs
+from mostovik_pipelines.core.dagster_compat import code_server_runs, retry_pass_cursor
 from mostovik_pipelines.core.tags import REASON_TAG, REQUESTED_BY_TAG
+from mostovik_pipelines.framework.runs.alerts import ALERT_INTERVAL_SECONDS
 from mostovik_pipelines.framework.runs.dead_runs import (
     CONFIRM_SECONDS,
     DEAD_RUNS_SENSOR,
     INTERVAL_SECONDS,
+    mark_dead,
 )
 from mostovik_pipelines.platform.tracking import load_job
 from mostovik_pipelines.sources import ALL_SOURCES
@@ -78,8 +86,14 @@ def _weeks_back(weeks: int, weekday: int) -> date:
 
 # Tuesday to Saturday carry rates of their own (see standin/cbr.py); weeks the other dead-run
 # tests do not use.
-WORKER_DATE, CODE_SERVER_DATE, STARTING_DATE = (_weeks_back(3, 1), _weeks_back(3, 2),
-                                                _weeks_back(3, 3))
+WORKER_DATE, CODE_SERVER_DATE, STARTING_DATE, AWAY_DATE, LATE_STATUS_DATE = (
+    _weeks_back(3, 1), _weeks_back(3, 2), _weeks_back(3, 3), _weeks_back(3, 4),
+    _weeks_back(3, 5))
+WILL_RETRY_TAG = "dagster/will_retry"
+RUN_FAILURE_ALERTS = "run_failure_alerts"
+GAVE_UP = "Failed to retry run"
+"""The engine event of Dagster's retry pass when making the retry raised (it then tags the run
+``dagster/will_retry`` false and never looks at it again)."""
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +256,110 @@ def test_a_run_still_starting_when_its_host_is_lost_is_marked_failed_within_a_mi
     [record] = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE).records
     assert "before it started" in record.event_log_entry.dagster_event.message
     _retried_once_and_exact(services, instance, run_id, STARTING_DATE)
+
+
+def test_a_run_failed_while_its_code_server_is_away_is_retried_once_it_is_back(
+    layout, instance, standin
+):
+    """The code server is away (its unit restarting) when a failed run of its reaches the
+    daemon's retry pass, which needs the code server to plan the retry: Dagster gives the retry
+    up for good (engine event "Failed to retry run", ``dagster/will_retry`` false). Once the
+    code server is back the run is retried all the same, exactly once, and no alert says it
+    failed for good."""
+    services, code_server = layout
+    run_id = _held_run(services, instance, standin, AWAY_DATE)
+    os.killpg(code_server.group, signal.SIGKILL)  # its run worker dies with it
+    standin.release_hangs()
+    # The dead_runs sensor runs in the code server: while it is away, the run is marked as that
+    # sensor marks it, now, so that the retry pass comes while the code server is away.
+    [record] = instance.get_run_records(RunsFilter(run_ids=[run_id]))
+    mark_dead(instance, record, time.time())
+
+    def given_up() -> bool:
+        engine = [entry.dagster_event.message or "" for entry in instance.all_logs(
+            run_id, of_type=DagsterEventType.ENGINE_EVENT)]
+        return GAVE_UP in engine and instance.get_run_by_id(run_id).tags.get(
+            WILL_RETRY_TAG) == "false"
+
+    wait_until(given_up, RUN_LIMIT_SECONDS, f"the retry pass giving {run_id} up",
+               services.log_tails)
+    assert instance.get_run_by_id(run_id).tags[FAILURE_REASON_TAG] == "UNEXPECTED_TERMINATION"
+    code_server.start(services.environment)
+    _retried_once_and_exact(services, instance, run_id, AWAY_DATE)
+    services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, 2, INTERVAL_SECONDS)
+    services.graphql.wait_for_more_ticks(RUN_FAILURE_ALERTS, 1, ALERT_INTERVAL_SECONDS)
+    [retry] = instance.get_runs(RunsFilter(tags={"dagster/parent_run_id": run_id}))
+    assert_retried_once(instance, run_id, retry)
+    # What the operator is told: a retry came, so no alert about the failed run.
+    assert instance.get_run_by_id(run_id).tags[WILL_RETRY_TAG] == "true"
+    with psycopg.connect(dsn_of(services.environment["MOSTOVIK_DATABASE_URL"])) as connection:
+        alerts = connection.execute("SELECT body FROM alert_outbox WHERE kind = 'run_failure' "
+                                    "AND body LIKE %s", (f"%{run_id}%",)).fetchall()
+    assert alerts == []
+
+
+HOLD_LOCK = 20261207
+"""The advisory lock the test holds while a run's failed status waits to be written."""
+
+
+@contextlib.contextmanager
+def _failed_status_held(environment: dict[str, str], run_id: str) -> Iterator[None]:
+    """Run storage's write of ``run_id``'s failed status waits (a trigger on the runs table
+    takes a lock this holds) until the ``with`` block ends."""
+    dsn = (f"host=127.0.0.1 port={environment['MOSTOVIK_DAGSTER_PG_PORT']} "
+           f"dbname={environment['MOSTOVIK_DAGSTER_PG_DB']} "
+           f"user={environment['MOSTOVIK_DAGSTER_PG_USER']} "
+           f"password={environment['MOSTOVIK_DAGSTER_PG_PASSWORD']}")
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(f"""
+            CREATE FUNCTION hold_failed_status() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_advisory_lock_shared({HOLD_LOCK});
+                  PERFORM pg_advisory_unlock_shared({HOLD_LOCK}); RETURN NEW; END $$;
+            CREATE TRIGGER hold_failed_status BEFORE UPDATE ON runs FOR EACH ROW
+            WHEN (NEW.run_id = '{run_id}' AND NEW.status = 'FAILURE')
+            EXECUTE FUNCTION hold_failed_status();""")
+        connection.execute("SELECT pg_advisory_lock(%s)", (HOLD_LOCK,))
+        try:
+            yield
+        finally:
+            connection.execute("SELECT pg_advisory_unlock(%s)", (HOLD_LOCK,))
+            connection.execute("DROP TRIGGER hold_failed_status ON runs; "
+                               "DROP FUNCTION hold_failed_status()")
+
+
+def test_a_failure_the_retry_pass_reads_before_its_run_is_failed_is_retried(
+    layout, instance, standin
+):
+    """Dagster stores a run's failure event, then writes its failed status: a retry pass of the
+    daemon that reads the event in between finds the run not failed and goes past it for good
+    (no engine event; ``dagster/will_retry`` true once the status is written). Here the status
+    write waits until the pass has gone past the event; the run is retried all the same, once.
+    The run's worker is stopped, its claim held, so that only the test marks it."""
+    services, _ = layout
+    run_id = _held_run(services, instance, standin, LATE_STATUS_DATE)
+    worker = _step_pid(instance, run_id)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        with services.instance() as marker:
+            with _failed_status_held(services.environment, run_id):
+                [record] = marker.get_run_records(RunsFilter(run_ids=[run_id]))
+                marking = threading.Thread(target=mark_dead, args=(marker, record, time.time()))
+                marking.start()
+                [failure] = wait_until(lambda: instance.get_records_for_run(
+                    run_id, of_type=DagsterEventType.RUN_FAILURE).records,
+                    PROCESS_START_MARGIN_SECONDS, f"{run_id}'s failure event", services.log_tails)
+                wait_until(lambda: (retry_pass_cursor(instance) or 0) >= failure.storage_id,
+                           RUN_LIMIT_SECONDS, "the retry pass past the failure event",
+                           services.log_tails)
+                assert instance.get_run_by_id(run_id).status is DagsterRunStatus.STARTED
+            marking.join(timeout=PROCESS_START_MARGIN_SECONDS)
+            assert not marking.is_alive(), "the failed status not written"
+    finally:
+        os.kill(worker, signal.SIGKILL)
+    standin.release_hangs()
+    failed = instance.get_run_by_id(run_id)
+    assert (failed.status, failed.tags[WILL_RETRY_TAG]) == (DagsterRunStatus.FAILURE, "true")
+    _retried_once_and_exact(services, instance, run_id, LATE_STATUS_DATE)
+    services.graphql.wait_for_more_ticks(DEAD_RUNS_SENSOR, 2, INTERVAL_SECONDS)
+    [retry] = instance.get_runs(RunsFilter(tags={"dagster/parent_run_id": run_id}))
+    assert_retried_once(instance, run_id, retry)
