@@ -178,3 +178,30 @@ def test_a_ranged_run_again_skips_every_partition_and_records_every_check(
                            of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records]
         assert {(e.check_name, e.partition) for e in evaluations if e.passed} == {
             (check.name, day) for check in partition_checks(SOURCE) for day in days}
+
+
+@pytest.mark.parametrize("warehouse_url", ["postgresql"], indirect=True)
+def test_a_row_edited_after_transform_found_the_payload_unchanged_is_repaired_by_the_load(
+    cbr_job, instance, warehouse_url, monkeypatch
+):
+    from mostovik_pipelines.framework.steps import load as load_step
+
+    assert run_partition(cbr_job, PARTITION, instance).success
+    stored = {r["char_code"]: r["value"] for r in table_rows(warehouse_url, "cbr_daily_rates")}
+    confirmed = []
+
+    def edited_first(*args, **kwargs):
+        operator_sql(warehouse_url, "UPDATE cbr_daily_rates SET value = 1 WHERE char_code = 'USD'")
+        confirmed.append(partition.confirm_unchanged(*args, **kwargs))
+        return confirmed[-1]
+
+    monkeypatch.setattr(load_step, "confirm_unchanged", edited_first)
+    repaired = run_partition(cbr_job, PARTITION, instance)
+    assert repaired.success
+    assert confirmed == [None]  # transform found it unchanged; the load's locks did not
+    figures = load_metadata(instance, repaired.run_id)
+    assert "payload_unchanged" not in figures
+    assert (figures["updated"], figures["unchanged"]) == (1, ROWS - 1)
+    assert {r["char_code"]: r["value"]
+            for r in table_rows(warehouse_url, "cbr_daily_rates")} == stored
+    assert check_results(instance, repaired.run_id) == every_check_passed()
